@@ -1,0 +1,79 @@
+"""``sqlalchemy-tickets demo``: ticket ids at work on a SQLite file, with nothing configured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from .sources.default import embedded_source
+from .types import TicketId
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class Photo(_Base):
+    __tablename__ = "photos"
+    id: Mapped[int] = mapped_column(TicketId("Photos"), primary_key=True)
+    title: Mapped[str] = mapped_column(sa.String(100))
+
+
+def run_demo(path: Path) -> int:
+    path = path.resolve()
+    engine = sa.create_engine(f"sqlite:///{path}")
+    _Base.metadata.create_all(engine)
+    tickets = embedded_source(engine)
+    print(f"Application database:             {path}")
+    print(f"Ticket tables (embedded default): {tickets.url.database}")
+    print()
+    print("  class Photo(Base):")
+    print('      id: Mapped[int] = mapped_column(TicketId("Photos"), primary_key=True)')
+    print()
+
+    def trips() -> int:
+        return tickets.stats()["round_trips"]
+
+    with Session(engine) as session:
+        before = trips()
+        photos = [Photo(title=f"sunset #{i}") for i in range(5)]
+        session.add_all(photos)
+        print(f"5 new photos, ids before flush  -> {[p.id for p in photos]}")
+        session.flush()
+        print(f"flush                           -> ids {[p.id for p in photos]} "
+              f"({trips() - before} ticket round trip(s))")
+        before = trips()
+        more = [Photo(title=f"beach #{i}") for i in range(3)]
+        session.add_all(more)
+        session.flush()
+        print(f"second flush, same transaction  -> ids {[p.id for p in more]} "
+              f"({trips() - before} round trip(s))")
+        session.commit()
+
+    with Session(engine) as session:
+        lost = Photo(title="never saved")
+        session.add(lost)
+        session.flush()
+        session.rollback()
+        print(f"flush, then rollback            -> id {lost.id} is burned, never issued again")
+
+    before = trips()
+    with engine.begin() as conn:
+        conn.execute(sa.insert(Photo), [{"title": f"bulk #{i}"} for i in range(1000)])
+    with Session(engine) as session:
+        bulk = session.scalars(
+            sa.select(Photo.id).where(Photo.title.like("bulk #%")).order_by(Photo.id)
+        ).all()
+        total = session.scalar(sa.select(sa.func.count()).select_from(Photo))
+    print(f"Core executemany of 1000 rows   -> ids {bulk[0]}..{bulk[-1]} "
+          f"({trips() - before} round trip(s))")
+    print()
+    stats = tickets.stats()
+    print(f"{total} photos in {path.name}; {stats['issued']} ids issued in "
+          f"{stats['round_trips']} ticket round trips this run.")
+    print("Run it again: the Photos sequence carries on where it stopped.")
+    tickets.dispose()
+    engine.dispose()
+    return 0

@@ -1,0 +1,7 @@
+"""One module per database backend, chosen from a registry by SQLAlchemy dialect name."""
+
+from __future__ import annotations
+
+from .base import TicketBackend, backend_for, register_backend
+
+__all__ = ["TicketBackend", "backend_for", "register_backend"]

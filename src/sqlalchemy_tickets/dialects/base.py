@@ -1,0 +1,284 @@
+"""What every backend provides, and the registry that picks one by dialect name.
+
+Shared code asks the registry for the backend of a dialect and calls its methods; it never tests
+``dialect.name`` itself. The SQL is built with SQLAlchemy Core (so identifiers are quoted by the
+dialect's own rules) and compiled once per table into a :class:`RawStatement`, which ticket
+sources run straight on a DBAPI cursor: a ticket round trip is on every insert's path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, Dialect
+
+from .._naming import TicketTable, first_id
+from ..errors import TicketsError
+
+# Backend modules are imported lazily: a SQLite user need not have psycopg installed.
+_MODULES = {
+    "sqlite": "sqlalchemy_tickets.dialects.sqlite",
+    "postgresql": "sqlalchemy_tickets.dialects.postgresql",
+    "mysql": "sqlalchemy_tickets.dialects.mysql",
+    "mariadb": "sqlalchemy_tickets.dialects.mysql",
+}
+_registry: dict[str, TicketBackend] = {}
+_registry_lock = threading.Lock()
+
+
+def register_backend(*names: str) -> Any:
+    """Class decorator: register a :class:`TicketBackend` subclass for these dialect names."""
+
+    def decorate(cls: type[TicketBackend]) -> type[TicketBackend]:
+        instance = cls()
+        with _registry_lock:
+            for name in names:
+                _registry[name] = instance
+        return cls
+
+    return decorate
+
+
+def backend_for(dialect_name: str) -> TicketBackend:
+    """The backend for a SQLAlchemy dialect name (``"postgresql"``, ``"mysql"``, ...)."""
+    backend = _registry.get(dialect_name)
+    if backend is None:
+        module = _MODULES.get(dialect_name)
+        if module is None:
+            supported = ", ".join(sorted(_MODULES))
+            raise TicketsError(
+                f"no ticket backend for the {dialect_name!r} dialect; supported: {supported}"
+            )
+        importlib.import_module(module)
+        backend = _registry[dialect_name]
+    return backend
+
+
+class RawStatement:
+    """A Core statement compiled once for one dialect, runnable on a bare DBAPI cursor."""
+
+    __slots__ = ("sql", "_positional", "_defaults")
+
+    def __init__(self, statement: sa.sql.ClauseElement, dialect: Dialect) -> None:
+        compiled = statement.compile(dialect=dialect)
+        self.sql = compiled.string
+        self._positional: Sequence[str] | None = (
+            list(compiled.positiontup) if compiled.positional and compiled.positiontup else None
+        )
+        self._defaults = dict(compiled.params)
+
+    def params(self, **values: Any) -> Sequence[Any] | Mapping[str, Any]:
+        """The parameters in the form the driver's paramstyle wants."""
+        merged = {**self._defaults, **values}
+        if self._positional is not None:
+            return tuple(merged[name] for name in self._positional)
+        return merged
+
+    def execute(self, cursor: Any, **values: Any) -> Any:
+        cursor.execute(self.sql, self.params(**values))
+        return cursor
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """The stride of a ticket table and the last id it issued (``None``: nothing issued yet)."""
+
+    increment: int
+    offset: int
+    last_id: int | None
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """How to create a ticket table: which table, and where its id space starts."""
+
+    table: TicketTable
+    start: int = 1
+    increment: int = 1
+    offset: int = 1
+    #: Storage engine, where the backend has a choice (MySQL: ``InnoDB`` or ``MyISAM``).
+    storage_engine: str = "InnoDB"
+
+    @property
+    def first_id(self) -> int:
+        return first_id(self.start, self.increment, self.offset)
+
+
+class TicketBackend:
+    """The SQL and driver knowledge of one backend. Subclasses live in this package, one per module.
+
+    Statements compiled for a table are cached on the backend per (dialect, table); the caches are
+    filled under a lock and only read afterwards.
+    """
+
+    dialect_names: ClassVar[tuple[str, ...]] = ()
+    #: Flickr tables can only carry a stride other than 1/1 where the server supplies it.
+    flickr_stride_from_server: ClassVar[bool] = False
+
+    # -- engines -------------------------------------------------------------------------
+
+    def engine_options(self, url: URL, timeout: float) -> dict[str, Any]:
+        """``create_engine`` keyword arguments for a ticket engine on ``url``."""
+        return {}
+
+    def embedded_url(self, app_url: URL) -> URL:
+        """Where the embedded default keeps the ticket tables of an application database."""
+        return app_url
+
+    def socket_fd(self, dbapi_connection: Any) -> int | None:
+        """The socket under a DBAPI connection, so a watchdog can cut a hung round trip short."""
+        return None
+
+    # -- tables --------------------------------------------------------------------------
+
+    def table(self, spec: TableSpec, metadata: sa.MetaData | None = None) -> sa.Table:
+        """The Core ``Table`` of a ticket table (its DDL is what ``create`` emits)."""
+        metadata = metadata if metadata is not None else sa.MetaData()
+        t = spec.table
+        if t.flickr:
+            return self.flickr_table(spec, metadata)
+        return sa.Table(
+            t.name,
+            metadata,
+            sa.Column("stub", sa.CHAR(1), primary_key=True),
+            sa.Column("id", sa.BigInteger, nullable=False),
+            sa.Column("increment", sa.Integer, nullable=False),
+            sa.Column("offset", sa.Integer, nullable=False),
+            comment=f"sqlalchemy-tickets sequence {t.sequence}: id is the last id issued",
+        )
+
+    def flickr_table(self, spec: TableSpec, metadata: sa.MetaData) -> sa.Table:
+        id_type = sa.BigInteger if spec.table.bits == 64 else sa.Integer
+        return sa.Table(
+            spec.table.name,
+            metadata,
+            sa.Column("id", id_type, primary_key=True, autoincrement=False),
+            sa.Column("stub", sa.CHAR(1), nullable=False, server_default=""),
+            sa.UniqueConstraint("stub", name="stub"),
+        )
+
+    def seed_row(self, spec: TableSpec) -> dict[str, Any] | None:
+        """The row a new ticket table starts with (``id`` = the id before the first one)."""
+        if spec.table.flickr:
+            if spec.increment != 1 or spec.offset != 1:
+                raise TicketsError(
+                    f"Flickr's {spec.table.name} table has no stride columns on this backend; "
+                    "use a named sequence (e.g. create_ticket_table('Photos', increment=2, "
+                    "offset=2)) for odd/even ticket servers"
+                )
+            return {"id": spec.first_id - 1, "stub": "a"}
+        return {
+            "stub": "a",
+            "id": spec.first_id - spec.increment,
+            "increment": spec.increment,
+            "offset": spec.offset,
+        }
+
+    def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
+        """An INSERT of the seed row that does nothing when the row is already there."""
+        raise NotImplementedError
+
+    def create_statements(self, spec: TableSpec) -> list[sa.sql.Executable]:
+        """DDL and seed for a ticket table, safe to run when it already exists."""
+        table = self.table(spec)
+        statements: list[sa.sql.Executable] = [sa.schema.CreateTable(table, if_not_exists=True)]
+        row = self.seed_row(spec)
+        if row is not None:
+            statements.append(self.insert_seed(table, row))
+        return statements
+
+    def drop_statements(self, spec: TableSpec) -> list[sa.sql.Executable]:
+        return [sa.schema.DropTable(self.table(spec), if_exists=True)]
+
+    def check_create(self, connection: sa.Connection, spec: TableSpec) -> None:
+        """Refuse, before anything is written, a table the server's settings contradict."""
+
+    # -- round trips ---------------------------------------------------------------------
+
+    def take_block(
+        self, cursor: Any, dialect: Dialect, table: TicketTable, count: int, increment: int
+    ) -> int | None:
+        """Advance the table by ``count`` ids in one statement; return the block's last id.
+
+        ``None`` means no row was advanced: the table has no row, or the ids would pass the
+        table's bit width (the caller tells which with :meth:`describe`).
+        """
+        raise NotImplementedError
+
+    def describe(self, cursor: Any, dialect: Dialect, table: TicketTable) -> TableInfo | None:
+        """The table's stride and last id, or ``None`` when it has no row."""
+        raise NotImplementedError
+
+    def is_missing_table(self, error: BaseException) -> bool:
+        """Whether a DBAPI error says the ticket table does not exist."""
+        raise NotImplementedError
+
+    # -- statement cache -----------------------------------------------------------------
+
+    def __init__(self) -> None:
+        self._statements: dict[tuple[str, TicketTable, str], RawStatement] = {}
+        self._lock = threading.Lock()
+
+    def statement(
+        self, dialect: Dialect, table: TicketTable, key: str, build: Any
+    ) -> RawStatement:
+        """The compiled statement ``key`` for ``table``, built by ``build(sa_table)`` once."""
+        cache_key = (dialect.name, table, key)
+        found = self._statements.get(cache_key)
+        if found is None:
+            with self._lock:
+                found = self._statements.get(cache_key)
+                if found is None:
+                    found = RawStatement(build(self.table(TableSpec(table))), dialect)
+                    self._statements[cache_key] = found
+        return found
+
+
+class ReturningBackend(TicketBackend):
+    """Backends where ``UPDATE … RETURNING`` advances the one ticket row in one round trip.
+
+    Named tables carry their own ``increment``; the statement returns it with the new id so a
+    block is always computed with the stride the server really applied.
+    """
+
+    def take_block(
+        self, cursor: Any, dialect: Dialect, table: TicketTable, count: int, increment: int
+    ) -> int | None:
+        stmt = self.statement(dialect, table, "take_block", _returning_update)
+        row = stmt.execute(cursor, n=count, max=table.max_id).fetchone()
+        return None if row is None else int(row[0])
+
+    def describe(self, cursor: Any, dialect: Dialect, table: TicketTable) -> TableInfo | None:
+        stmt = self.statement(dialect, table, "describe", _select_row)
+        row = stmt.execute(cursor).fetchone()
+        if row is None:
+            return None
+        if table.flickr:
+            return TableInfo(1, 1, int(row[0]))
+        return TableInfo(int(row[1]), int(row[2]), int(row[0]))
+
+
+def _step(t: sa.Table) -> sa.ColumnElement[int]:
+    """``n`` ids' worth of the table's stride, computed in 64 bits."""
+    n = sa.cast(sa.bindparam("n", type_=sa.BigInteger), sa.BigInteger)
+    return n * t.c.increment if "increment" in t.c else n
+
+
+def _returning_update(t: sa.Table) -> sa.sql.Executable:
+    step = _step(t)
+    return (
+        sa.update(t)
+        .where(t.c.stub == "a", t.c.id <= sa.bindparam("max", type_=sa.BigInteger) - step)
+        .values(id=t.c.id + step)
+        .returning(t.c.id)
+    )
+
+
+def _select_row(t: sa.Table) -> sa.sql.Executable:
+    columns = [t.c.id] + ([t.c.increment, t.c.offset] if "increment" in t.c else [])
+    return sa.select(*columns).where(t.c.stub == "a")

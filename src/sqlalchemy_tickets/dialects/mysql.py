@@ -1,0 +1,138 @@
+"""MySQL and MariaDB (PyMySQL): ``UPDATE … SET id = LAST_INSERT_ID(id + step)``, read from the
+OK packet's insert id, so a block costs one round trip and no result set.
+
+Flickr's ``Tickets64``/``Tickets32`` tables keep their published schema (unsigned auto-increment
+``id``, unique ``stub``) and take their stride from the server's ``auto_increment_increment`` /
+``auto_increment_offset``, as at Flickr, so legacy clients running ``REPLACE INTO Tickets64 (stub)
+VALUES ('a')`` share the table: both InnoDB and MyISAM move the auto-increment counter when the
+key is updated upward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import URL, Dialect
+
+from .._naming import TicketTable
+from ..errors import StrideMismatchError
+from .base import TableInfo, TableSpec, TicketBackend, register_backend
+
+_NO_SUCH_TABLE = 1146
+
+
+@register_backend("mysql", "mariadb")
+class MySQLBackend(TicketBackend):
+    dialect_names = ("mysql", "mariadb")
+    flickr_stride_from_server = True
+
+    def engine_options(self, url: URL, timeout: float) -> dict[str, Any]:
+        if url.get_driver_name() != "pymysql":
+            return {}
+        return {
+            "connect_args": {
+                "connect_timeout": timeout,
+                "read_timeout": timeout,
+                "write_timeout": timeout,
+            }
+        }
+
+    def socket_fd(self, dbapi_connection: Any) -> int | None:
+        sock = getattr(dbapi_connection, "_sock", None)
+        return sock.fileno() if sock is not None else None
+
+    def flickr_table(self, spec: TableSpec, metadata: sa.MetaData) -> sa.Table:
+        unsigned: sa.types.TypeEngine[int] = (
+            mysql.BIGINT(20, unsigned=True)
+            if spec.table.bits == 64
+            else mysql.INTEGER(10, unsigned=True)
+        )
+        return sa.Table(
+            spec.table.name,
+            metadata,
+            sa.Column("id", unsigned, primary_key=True, autoincrement=True),
+            sa.Column("stub", sa.CHAR(1), nullable=False, server_default=""),
+            sa.UniqueConstraint("stub", name="stub"),
+            mysql_engine=spec.storage_engine,
+            mysql_auto_increment=str(spec.first_id),
+        )
+
+    def seed_row(self, spec: TableSpec) -> dict[str, Any] | None:
+        # Flickr's table starts empty: the first REPLACE INTO creates the row.
+        return None if spec.table.flickr else super().seed_row(spec)
+
+    def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
+        return sa.insert(table).values(**row).prefix_with("IGNORE")
+
+    def check_create(self, connection: sa.Connection, spec: TableSpec) -> None:
+        if not spec.table.flickr or (spec.increment, spec.offset) == (1, 1):
+            return
+        increment, offset = connection.exec_driver_sql(
+            "SELECT @@auto_increment_increment, @@auto_increment_offset"
+        ).one()
+        if (increment, offset) != (spec.increment, spec.offset):
+            raise StrideMismatchError(
+                f"this server has auto_increment_increment={increment}, "
+                f"auto_increment_offset={offset}, but {spec.table.name} was asked for "
+                f"increment={spec.increment}, offset={spec.offset}: Flickr tables take their "
+                "stride from the server, so set those two server variables (my.cnf) first"
+            )
+
+    def take_block(
+        self, cursor: Any, dialect: Dialect, table: TicketTable, count: int, increment: int
+    ) -> int | None:
+        stmt = self.statement(dialect, table, "take_block", _last_insert_id_update)
+        step = count * increment
+        stmt.execute(cursor, step=step, max=table.max_id - step)
+        if cursor.rowcount != 1:
+            return None
+        return int(cursor.lastrowid)
+
+    def describe(self, cursor: Any, dialect: Dialect, table: TicketTable) -> TableInfo | None:
+        if table.flickr:
+            stmt = self.statement(dialect, table, "describe", _flickr_describe)
+            increment, offset, last_id = stmt.execute(cursor).fetchone()
+            return TableInfo(int(increment), int(offset), None if last_id is None else int(last_id))
+        stmt = self.statement(dialect, table, "describe", _named_describe)
+        row = stmt.execute(cursor).fetchone()
+        return None if row is None else TableInfo(int(row[1]), int(row[2]), int(row[0]))
+
+    def start_flickr_row(self, cursor: Any, dialect: Dialect, table: TicketTable) -> int:
+        """Create Flickr's one row the way a legacy client does; returns the id that issued."""
+        stmt = self.statement(dialect, table, "replace", _replace_into)
+        stmt.execute(cursor)
+        return int(cursor.lastrowid)
+
+    def is_missing_table(self, error: BaseException) -> bool:
+        args = getattr(error, "args", ())
+        return bool(args) and args[0] == _NO_SUCH_TABLE
+
+
+def _last_insert_id_update(t: sa.Table) -> sa.sql.Executable:
+    step = sa.bindparam("step", type_=sa.BigInteger)
+    return (
+        sa.update(t)
+        .where(t.c.stub == "a", t.c.id <= sa.bindparam("max", type_=sa.BigInteger))
+        .values(id=sa.func.last_insert_id(t.c.id + step))
+    )
+
+
+def _replace_into(t: sa.Table) -> sa.sql.Executable:
+    # Core has no REPLACE; the table name still goes through the dialect's quoting.
+    quoted = mysql.dialect().identifier_preparer.format_table(t)
+    return sa.text(f"REPLACE INTO {quoted} (stub) VALUES ('a')")
+
+
+def _flickr_describe(t: sa.Table) -> sa.sql.Executable:
+    last = sa.select(t.c.id).where(t.c.stub == "a").scalar_subquery()
+    return sa.select(
+        sa.literal_column("@@auto_increment_increment"),
+        sa.literal_column("@@auto_increment_offset"),
+        last,
+    )
+
+
+def _named_describe(t: sa.Table) -> sa.sql.Executable:
+    return sa.select(t.c.id, t.c.increment, t.c.offset).where(t.c.stub == "a")

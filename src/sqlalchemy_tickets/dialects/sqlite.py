@@ -1,0 +1,51 @@
+"""SQLite: ``UPDATE … RETURNING`` (SQLite >= 3.35) on a one-row table, in autocommit.
+
+The embedded default keeps an application file's tickets in a sibling file (``app.db`` →
+``app.db-tickets``): a second connection cannot write to a file whose write lock the caller's
+transaction holds, so tickets taken mid-transaction must live elsewhere.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+from sqlalchemy.pool import StaticPool
+
+from ..errors import TicketsError
+from .base import ReturningBackend, register_backend
+
+EMBEDDED_SUFFIX = "-tickets"
+
+
+def _is_memory(url: URL) -> bool:
+    return url.database in (None, "", ":memory:") or str(url.database).startswith("file::memory:")
+
+
+@register_backend("sqlite")
+class SQLiteBackend(ReturningBackend):
+    dialect_names = ("sqlite",)
+
+    def engine_options(self, url: URL, timeout: float) -> dict[str, Any]:
+        if sqlite3.sqlite_version_info < (3, 35):
+            raise TicketsError(
+                f"SQLite {sqlite3.sqlite_version} has no RETURNING; ticket tables need SQLite 3.35+"
+            )
+        options: dict[str, Any] = {"connect_args": {"timeout": timeout, "check_same_thread": False}}
+        if _is_memory(url):
+            # One shared connection, or every checkout would see a different empty database.
+            options["poolclass"] = StaticPool
+        return options
+
+    def embedded_url(self, app_url: URL) -> URL:
+        if _is_memory(app_url):
+            return app_url.set(database=":memory:")
+        return app_url.set(database=f"{app_url.database}{EMBEDDED_SUFFIX}")
+
+    def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
+        return sa.insert(table).values(**row).prefix_with("OR IGNORE")
+
+    def is_missing_table(self, error: BaseException) -> bool:
+        return isinstance(error, sqlite3.OperationalError) and "no such table" in str(error)

@@ -1,0 +1,35 @@
+"""The library's own exceptions. Every one is a :class:`TicketsError`, itself a ``ValueError``
+subclass so that bad arguments can be caught the way Python code usually catches them."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ExhaustedError",
+    "StrideMismatchError",
+    "TicketServerUnavailable",
+    "TicketsError",
+    "UnknownSequenceError",
+]
+
+
+class TicketsError(ValueError):
+    """Base class of every error raised by sqlalchemy-tickets."""
+
+
+class ExhaustedError(TicketsError):
+    """A sequence cannot issue the ids asked for without passing its bit width."""
+
+
+class StrideMismatchError(TicketsError):
+    """A ticket server's increment/offset disagrees with its position among its peers.
+
+    Issuing ids from it could duplicate ids issued by another server, so nothing is issued.
+    """
+
+
+class UnknownSequenceError(TicketsError):
+    """The ticket table of a sequence does not exist and the source may not create it."""
+
+
+class TicketServerUnavailable(TicketsError):
+    """A ticket server refused, dropped or did not answer within its timeout."""

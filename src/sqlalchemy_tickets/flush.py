@@ -1,0 +1,131 @@
+"""Ids given to rows before any SQL runs: at ``before_flush`` for the ORM, through the column
+default for Core and ORM bulk inserts.
+
+An id column's type is an :class:`AssignedIdType`. When its column joins a table the type gives it
+a default (unless the user gave one) — the Core path. In ``before_flush`` every pending object that
+lacks an id gets one, grouped so that one ``next_block`` serves every object of a
+(source, sequence, bits) in the flush — the ORM path. Since the objects hold their ids before the
+INSERT, the ORM sends one plain executemany, and a retried flush reuses the same ids.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.orm import Mapper, Session, UOWTransaction
+from sqlalchemy.sql.schema import ColumnDefault
+
+EngineGetter = Callable[[], Engine]
+
+__all__ = ["AssignedIdType"]
+
+
+class AssignedIdType:
+    """Mixin for column types whose values are chosen by the application before the INSERT."""
+
+    def assign_group(self, engine: EngineGetter) -> Hashable:
+        """Ids of columns in one group are drawn together (one round trip per flush)."""
+        raise NotImplementedError
+
+    def new_ids(self, engine: EngineGetter, count: int) -> list[Any]:
+        """``count`` fresh ids for rows written through ``engine()``."""
+        raise NotImplementedError
+
+    # SQLAlchemy calls this when the type is given to a Column (SchemaEventTarget protocol).
+    def _set_parent(self, parent: Any, **kw: Any) -> None:
+        if isinstance(parent, sa.Column):
+            parent._on_table_attach(self._on_table_attach)
+
+    def _on_table_attach(self, column: sa.Column[Any], table: sa.Table) -> None:
+        # A foreign key that borrowed this type refers to ids; it must not mint new ones.
+        if column.foreign_keys or column.default is not None or column.server_default is not None:
+            return
+        ColumnDefault(_core_default(self))._set_parent_with_dispatch(column)
+
+
+def _core_default(type_: AssignedIdType) -> Callable[[Any], Any]:
+    key = object()
+
+    def default(context: Any) -> Any:
+        """One id per row; for an executemany, one block for all its rows."""
+        connection: Connection = context.connection
+        rows = len(context.compiled_parameters)
+        if rows <= 1:
+            return type_.new_ids(lambda: connection.engine, 1)[0]
+        pending: dict[object, Any] = context.__dict__.setdefault("_sqlalchemy_tickets", {})
+        ids = pending.get(key)
+        if ids is None:
+            ids = pending[key] = iter(type_.new_ids(lambda: connection.engine, rows))
+        try:
+            return next(ids)
+        except StopIteration:
+            return type_.new_ids(lambda: connection.engine, 1)[0]
+
+    return default
+
+
+# Per mapper: (attribute key, type) of every id column the flush must fill.
+_plans: weakref.WeakKeyDictionary[Mapper[Any], tuple[tuple[str, AssignedIdType], ...]] = (
+    weakref.WeakKeyDictionary()
+)
+_plans_lock = threading.Lock()
+
+
+def _plan(mapper: Mapper[Any]) -> tuple[tuple[str, AssignedIdType], ...]:
+    plan = _plans.get(mapper)
+    if plan is None:
+        found: dict[str, AssignedIdType] = {}
+        for prop in mapper.column_attrs:
+            for column in prop.columns:
+                if (
+                    isinstance(column, sa.Column)
+                    and isinstance(column.type, AssignedIdType)
+                    and not column.foreign_keys
+                ):
+                    found.setdefault(prop.key, column.type)
+        plan = tuple(found.items())
+        with _plans_lock:
+            _plans[mapper] = plan
+    return plan
+
+
+@event.listens_for(Session, "before_flush")
+def _assign_ids(session: Session, flush_context: UOWTransaction, instances: Any) -> None:
+    groups: dict[Hashable, tuple[AssignedIdType, EngineGetter, list[tuple[Any, str]]]] = {}
+    for obj in session.new:
+        state = sa.inspect(obj)
+        mapper = state.mapper
+        plan = _plan(mapper)
+        if not plan:
+            continue
+        engine = _engine_getter(session, mapper)
+        for key, type_ in plan:
+            if state.dict.get(key) is not None:
+                continue
+            group = type_.assign_group(engine)
+            entry = groups.get(group)
+            if entry is None:
+                entry = groups[group] = (type_, engine, [])
+            entry[2].append((obj, key))
+    for type_, engine, targets in groups.values():
+        for (obj, key), new_id in zip(targets, type_.new_ids(engine, len(targets))):
+            setattr(obj, key, new_id)
+
+
+def _engine_getter(session: Session, mapper: Mapper[Any]) -> EngineGetter:
+    """The engine rows of ``mapper`` go to, looked up only if a source needs it."""
+    found: list[Engine] = []
+
+    def engine() -> Engine:
+        if not found:
+            bind = session.get_bind(mapper)
+            found.append(bind.engine if isinstance(bind, Connection) else bind)
+        return found[0]
+
+    return engine

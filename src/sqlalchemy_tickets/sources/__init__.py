@@ -1,0 +1,10 @@
+"""Where ticket ids come from: single servers, interleaved servers, and the default source."""
+
+from __future__ import annotations
+
+from .base import TicketSource
+from .default import configure
+from .server import TicketServer
+from .servers import TicketServers
+
+__all__ = ["TicketServer", "TicketServers", "TicketSource", "configure"]

@@ -1,0 +1,68 @@
+"""The default source: what ``configure()`` set, else the embedded default beside the data."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+
+from sqlalchemy.engine import URL, Engine
+
+from ..dialects import backend_for
+from .base import TicketSource
+from .server import TicketServer
+
+_lock = threading.Lock()
+_configured: TicketSource | None = None
+_embedded: weakref.WeakKeyDictionary[Engine, TicketServer] = weakref.WeakKeyDictionary()
+
+
+def configure(source: TicketSource | str | URL | None) -> None:
+    """Set the source of ``TicketId`` columns that name none.
+
+    ``source`` is any object with ``next_id``/``next_block`` (a :class:`TicketServer`,
+    :class:`TicketServers`, ``CachedSource``...) or a database URL, which becomes a
+    :class:`TicketServer`. ``None`` restores the embedded default.
+    """
+    global _configured
+    if isinstance(source, (str, URL)):
+        source = TicketServer(source)
+    elif source is not None and not isinstance(source, TicketSource):
+        from ..errors import TicketsError
+
+        raise TicketsError(
+            f"{source!r} is not a ticket source: it needs next_id() and next_block() methods"
+        )
+    with _lock:
+        _configured = source
+
+
+def configured_source() -> TicketSource | None:
+    """The source set by :func:`configure`, if any."""
+    return _configured
+
+
+def embedded_source(app_engine: Engine) -> TicketServer:
+    """The embedded default for an application engine: ticket tables beside its data.
+
+    Tables live in the database the rows go to (SQLite: a sibling file), are created on first
+    use, and are reached on connections of their own, outside the caller's transaction.
+    """
+    found = _embedded.get(app_engine)
+    if found is None:
+        with _lock:
+            found = _embedded.get(app_engine)
+            if found is None:
+                url = backend_for(app_engine.url.get_backend_name()).embedded_url(app_engine.url)
+                found = TicketServer(url, pool_size=2)
+                _embedded[app_engine] = found
+    return found
+
+
+def resolve(explicit: TicketSource | None, app_engine: Callable[[], Engine]) -> TicketSource:
+    """The source a ``TicketId`` column draws from when it writes through ``app_engine()``
+    (called only when the embedded default is the answer)."""
+    if explicit is not None:
+        return explicit
+    configured = _configured
+    return configured if configured is not None else embedded_source(app_engine())

@@ -1,0 +1,286 @@
+"""One ticket database: every call is one round trip on the source's own autocommit connections."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, Engine, make_url
+
+from .._naming import (
+    DEFAULT_TABLE_TEMPLATE,
+    TicketTable,
+    check_bits,
+    check_table_template,
+    ticket_table,
+)
+from .._watchdog import watchdog
+from ..dialects import TicketBackend, backend_for
+from ..dialects.base import TableInfo, TableSpec
+from ..errors import (
+    ExhaustedError,
+    StrideMismatchError,
+    TicketServerUnavailable,
+    TicketsError,
+    UnknownSequenceError,
+)
+from .base import check_count
+
+logger = logging.getLogger("sqlalchemy_tickets")
+
+
+def _to_url(bind: str | URL | Engine) -> URL:
+    if isinstance(bind, Engine):
+        return bind.url
+    try:
+        return make_url(bind)
+    except (sa_exc.ArgumentError, ValueError, TypeError) as error:
+        raise TicketsError(
+            f"invalid database URL {bind!r}: expected e.g. "
+            "'postgresql+psycopg://user@host/db' or 'mysql+pymysql://user@host/db'"
+        ) from error
+
+
+class TicketServer:
+    """A ticket database, reached on connections of its own in autocommit.
+
+    Args:
+        bind: the database, as a URL or an ``Engine``. An ``Engine`` lends its URL only: the
+            server opens its own pool in autocommit, so a ticket is never part of a caller's
+            transaction and is never issued twice, whatever the caller rolls back.
+        timeout: seconds a connect or a round trip may take before the server counts as down.
+        stride: ``(increment, offset)`` this server must have: checked against every table on
+            first contact (:class:`StrideMismatchError` if they disagree, before any id is
+            issued) and used for tables it creates. ``None``: take whatever the table has.
+        create_missing: create a sequence's table on first use (``False``: raise
+            :class:`UnknownSequenceError`).
+        table_template: how a sequence name becomes a table name (``tickets__{sequence}``).
+        pool_size: connections kept open.
+    """
+
+    def __init__(
+        self,
+        bind: str | URL | Engine,
+        *,
+        timeout: float = 2.0,
+        stride: tuple[int, int] | None = None,
+        create_missing: bool = True,
+        table_template: str = DEFAULT_TABLE_TEMPLATE,
+        pool_size: int = 5,
+        storage_engine: str = "InnoDB",
+    ) -> None:
+        if not timeout > 0:
+            raise TicketsError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        url = _to_url(bind)
+        self.url = url
+        self.timeout = float(timeout)
+        self.stride = stride
+        self.create_missing = create_missing
+        self.table_template = check_table_template(table_template)
+        self.storage_engine = storage_engine
+        self._backend: TicketBackend = backend_for(url.get_backend_name())
+        options = self._backend.engine_options(url, self.timeout)
+        if "poolclass" not in options:
+            options.update(pool_size=pool_size, max_overflow=pool_size * 2)
+        try:
+            self.engine: Engine = sa.create_engine(
+                url,
+                isolation_level="AUTOCOMMIT",
+                # Autocommit connections hold no transaction: a rollback on return would only
+                # cost a round trip per id.
+                pool_reset_on_return=None,
+                **options,
+            )
+        except (sa_exc.ArgumentError, ImportError, sa_exc.NoSuchModuleError) as error:
+            raise TicketsError(f"cannot use {url.render_as_string()!r}: {error}") from error
+        self._lock = threading.Lock()
+        self._known: dict[TicketTable, TableInfo] = {}
+        self._issued = 0
+        self._round_trips = 0
+
+    def __repr__(self) -> str:
+        return f"TicketServer({self.url.render_as_string()!r})"
+
+    # -- the source protocol ------------------------------------------------------------------
+
+    def next_id(self, sequence: str | None = None, *, bits: int = 64) -> int:
+        """One id of ``sequence`` (``None``: Flickr's ``Tickets64``/``Tickets32``)."""
+        return self.next_block(sequence, 1, bits=bits).start
+
+    def next_block(self, sequence: str | None, count: int, *, bits: int = 64) -> range:
+        """Exactly ``count`` ids in one round trip, as a ``range`` whose step is the stride."""
+        check_count(count)
+        table = ticket_table(sequence, check_bits(bits), self.table_template)
+        info = self._known.get(table)
+        if info is None:
+            info = self._first_contact(table)
+        last = self._round_trip(self._take, table, count, info.increment)
+        if last is None:
+            last = self._after_miss(table, count, info.increment)
+        with self._lock:
+            self._issued += count
+        return range(last - (count - 1) * info.increment, last + 1, info.increment)
+
+    # -- administration -----------------------------------------------------------------------
+
+    def describe(self, sequence: str | None, *, bits: int = 64) -> TableInfo | None:
+        """The stride and last issued id of a sequence's table (``None``: no row yet).
+
+        Raises :class:`UnknownSequenceError` if the table does not exist.
+        """
+        table = ticket_table(sequence, check_bits(bits), self.table_template)
+        return self._round_trip(self._describe, table)
+
+    def create(
+        self,
+        sequence: str | None,
+        *,
+        bits: int = 64,
+        start: int = 1,
+        increment: int | None = None,
+        offset: int | None = None,
+    ) -> None:
+        """Create a sequence's table if it does not exist (an existing table is left as is)."""
+        from .._naming import check_stride
+
+        default_inc, default_off = self.stride or (1, 1)
+        inc = default_inc if increment is None else increment
+        off = default_off if offset is None else offset
+        check_stride(start, inc, off, check_bits(bits))
+        table = ticket_table(sequence, bits, self.table_template)
+        spec = TableSpec(table, start, inc, off, self.storage_engine)
+        try:
+            with self.engine.connect() as conn:
+                self._backend.check_create(conn, spec)
+                for statement in self._backend.create_statements(spec):
+                    try:
+                        conn.execute(statement)  # type: ignore[arg-type]
+                    except sa_exc.IntegrityError:
+                        # PostgreSQL: a concurrent CREATE TABLE IF NOT EXISTS of the same table.
+                        logger.debug("%s created concurrently", table.name)
+        except sa_exc.DBAPIError as error:
+            raise self._unavailable(error) from error
+        logger.info("created ticket table %s on %s", table.name, self)
+
+    def stats(self) -> dict[str, int]:
+        """Ids issued and round trips made by this object (all sequences)."""
+        with self._lock:
+            return {"issued": self._issued, "round_trips": self._round_trips}
+
+    def dispose(self) -> None:
+        """Close the server's pooled connections."""
+        self.engine.dispose()
+
+    def with_stride(self, increment: int, offset: int) -> TicketServer:
+        """A server on the same database that must have this stride (for :class:`TicketServers`)."""
+        twin = object.__new__(TicketServer)
+        twin.__dict__.update(self.__dict__)
+        twin.stride = (increment, offset)
+        twin._lock = threading.Lock()
+        twin._known = {}
+        twin._issued = twin._round_trips = 0
+        return twin
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _first_contact(self, table: TicketTable) -> TableInfo:
+        """Read (or create) the table's stride once, and refuse a stride that disagrees."""
+        try:
+            info = self._round_trip(self._describe, table)
+        except UnknownSequenceError:
+            if not self.create_missing:
+                raise
+            self.create(table.sequence, bits=table.bits)
+            info = self._round_trip(self._describe, table)
+        if info is None:
+            # Flickr's table with no row yet; its stride comes from the server.
+            info = TableInfo(*(self.stride or (1, 1)), None)
+        if self.stride is not None:
+            increment, offset = self.stride
+            if info.increment != increment or (info.offset - offset) % increment != 0:
+                raise StrideMismatchError(
+                    f"{self} has increment={info.increment}, offset={info.offset} for "
+                    f"{table.label}, but its position needs increment={increment}, "
+                    f"offset={offset}; fix the server (or the order of the servers) before "
+                    "issuing ids, or ids would be duplicated"
+                )
+        with self._lock:
+            self._known[table] = info
+        return info
+
+    def _after_miss(self, table: TicketTable, count: int, increment: int) -> int:
+        """The take advanced nothing: start Flickr's row, or report exhaustion."""
+        info = self._round_trip(self._describe, table)
+        if info is None or info.last_id is None:
+            first = self._round_trip(self._start_row, table)
+            if count == 1:
+                return int(first)
+            last = self._round_trip(self._take, table, count, increment)
+            if last is not None:
+                return last
+            info = self._round_trip(self._describe, table)
+        last_id = info.last_id if info is not None and info.last_id is not None else 0
+        left = max(0, (table.max_id - last_id) // increment)
+        raise ExhaustedError(
+            f"sequence {table.label} on {self} cannot issue {count} more id(s): "
+            f"{left} left below {table.max_id} (the {table.bits}-bit limit); move it to a "
+            "64-bit sequence or a new sequence before it runs out"
+        )
+
+    def _take(self, cursor: Any, table: TicketTable, count: int, increment: int) -> int | None:
+        return self._backend.take_block(cursor, self.engine.dialect, table, count, increment)
+
+    def _describe(self, cursor: Any, table: TicketTable) -> TableInfo | None:
+        return self._backend.describe(cursor, self.engine.dialect, table)
+
+    def _start_row(self, cursor: Any, table: TicketTable) -> int:
+        start = getattr(self._backend, "start_flickr_row", None)
+        if start is None:
+            raise UnknownSequenceError(
+                f"ticket table {table.name} on {self} has no row; recreate it with "
+                "`sqlalchemy-tickets init`"
+            )
+        return int(start(cursor, self.engine.dialect, table))
+
+    def _round_trip(self, work: Any, table: TicketTable, *args: Any) -> Any:
+        """Run ``work(cursor, table, *args)`` on a pooled connection, bounded by the watchdog."""
+        with self._lock:
+            self._round_trips += 1
+        try:
+            conn = self.engine.raw_connection()
+        except (sa_exc.DBAPIError, self.engine.dialect.loaded_dbapi.Error) as error:
+            raise self._unavailable(error) from error
+        fd = self._backend.socket_fd(conn.dbapi_connection)
+        token = watchdog.arm(fd, self.timeout) if fd is not None else None
+        try:
+            cursor = conn.cursor()
+            try:
+                return work(cursor, table, *args)
+            finally:
+                cursor.close()
+        except self.engine.dialect.loaded_dbapi.Error as error:
+            if self._backend.is_missing_table(error):
+                conn.close()
+                raise UnknownSequenceError(
+                    f"no ticket table {table.name} for sequence {table.label} on {self}; "
+                    f"create it with `sqlalchemy-tickets init --url URL "
+                    f"{table.sequence or ''}` or op.create_ticket_table()"
+                ) from error
+            dbapi = self.engine.dialect.loaded_dbapi
+            if isinstance(error, (dbapi.OperationalError, dbapi.InterfaceError)):
+                conn.invalidate(error)
+                raise self._unavailable(error) from error
+            raise TicketsError(f"ticket server {self} rejected {table.label}: {error}") from error
+        finally:
+            if token is not None:
+                watchdog.disarm(token)
+            if conn.dbapi_connection is not None:
+                conn.close()
+
+    def _unavailable(self, error: BaseException) -> TicketServerUnavailable:
+        message = str(getattr(error, "orig", None) or error).strip().splitlines()
+        first = message[0] if message else type(error).__name__
+        return TicketServerUnavailable(f"ticket server {self} failed: {first}")

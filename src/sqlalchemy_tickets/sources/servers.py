@@ -1,0 +1,139 @@
+"""Several ticket databases issuing interleaved ids, as Flickr's odd/even pair."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.engine import URL, Engine
+
+from ..errors import TicketServerUnavailable, TicketsError
+from .server import TicketServer
+
+logger = logging.getLogger("sqlalchemy_tickets")
+
+
+@dataclass
+class _Member:
+    server: TicketServer
+    failures: int = 0
+    down_until: float = 0.0
+    last_error: str = ""
+
+
+class TicketServers:
+    """N ticket databases; server *i* (0-based) issues ids ≡ *i+1* (mod N).
+
+    Calls go round robin. A server that errors or does not answer within its timeout is skipped
+    and tried again after a back-off that doubles per failure (``backoff`` up to
+    ``max_backoff`` seconds); callers see no error while any server answers. Each server's
+    increment/offset is checked against its position on first contact, before it issues an id.
+
+    Args:
+        servers: URLs, engines or :class:`TicketServer` objects, in position order.
+        timeout: per-server connect/round-trip timeout for servers given as URLs or engines.
+        backoff: first pause, in seconds, before a failed server is tried again.
+        max_backoff: longest pause.
+        clock: the monotonic clock, a parameter so tests can drive back-off without waiting.
+    """
+
+    def __init__(
+        self,
+        servers: Sequence[str | URL | Engine | TicketServer],
+        *,
+        timeout: float = 2.0,
+        backoff: float = 1.0,
+        max_backoff: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        **server_options: object,
+    ) -> None:
+        if isinstance(servers, (str, URL, Engine)) or len(servers) == 0:
+            raise TicketsError("TicketServers needs a non-empty list of servers")
+        n = len(servers)
+        members = []
+        for i, server in enumerate(servers):
+            if isinstance(server, TicketServer):
+                member = server.with_stride(n, i + 1)
+            else:
+                member = TicketServer(
+                    server, timeout=timeout, stride=(n, i + 1), **server_options  # type: ignore[arg-type]
+                )
+            members.append(_Member(member))
+        self._members = members
+        self._backoff = backoff
+        self._max_backoff = max_backoff
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._next = 0
+
+    def __repr__(self) -> str:
+        return f"TicketServers([{', '.join(repr(m.server) for m in self._members)}])"
+
+    @property
+    def servers(self) -> list[TicketServer]:
+        return [m.server for m in self._members]
+
+    def next_id(self, sequence: str | None = None, *, bits: int = 64) -> int:
+        return self.next_block(sequence, 1, bits=bits).start
+
+    def next_block(self, sequence: str | None, count: int, *, bits: int = 64) -> range:
+        """``count`` ids from the next server that answers."""
+        now = self._clock()
+        with self._lock:
+            first = self._next
+            self._next = (self._next + 1) % len(self._members)
+        order = self._members[first:] + self._members[:first]
+        ready = [m for m in order if m.down_until <= now]
+        resting = [m for m in order if m.down_until > now]
+        errors: list[str] = []
+        # Servers still backing off are the last resort: their pause may be out of date.
+        for member in ready + resting:
+            try:
+                block = member.server.next_block(sequence, count, bits=bits)
+            except TicketServerUnavailable as error:
+                self._failed(member, error)
+                errors.append(str(error))
+                continue
+            if member.failures:
+                self._recovered(member)
+            return block
+        raise TicketServerUnavailable(
+            f"no ticket server answered for {sequence or 'Tickets' + str(bits)}: "
+            + "; ".join(errors)
+        )
+
+    def status(self) -> list[dict[str, object]]:
+        """Each server's health as this process sees it."""
+        now = self._clock()
+        with self._lock:
+            return [
+                {
+                    "server": repr(m.server),
+                    "up": m.down_until <= now,
+                    "failures": m.failures,
+                    "retry_in": max(0.0, m.down_until - now),
+                    "last_error": m.last_error,
+                }
+                for m in self._members
+            ]
+
+    def dispose(self) -> None:
+        for member in self._members:
+            member.server.dispose()
+
+    def _failed(self, member: _Member, error: Exception) -> None:
+        with self._lock:
+            member.failures += 1
+            pause = min(self._max_backoff, self._backoff * 2 ** (member.failures - 1))
+            member.down_until = self._clock() + pause
+            member.last_error = str(error)
+        logger.warning("%s skipped for %.1f s: %s", member.server, pause, error)
+
+    def _recovered(self, member: _Member) -> None:
+        with self._lock:
+            member.failures = 0
+            member.down_until = 0.0
+        logger.info("%s answers again", member.server)
