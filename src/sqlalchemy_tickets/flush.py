@@ -38,7 +38,7 @@ class AssignedIdType:
         raise NotImplementedError
 
     # SQLAlchemy calls this when the type is given to a Column (SchemaEventTarget protocol).
-    def _set_parent(self, parent: Any, **kw: Any) -> None:
+    def _set_parent(self, parent: Any, outer: bool = False, **kw: Any) -> None:
         if isinstance(parent, sa.Column):
             parent._on_table_attach(self._on_table_attach)
 

@@ -43,7 +43,7 @@ class TicketId(AssignedIdType, TypeDecorator[int]):
         self.source = source
         super().__init__()
         if bits == 32:
-            self.impl = sa.Integer()
+            self.impl = sa.Integer()  # type: ignore[assignment]
 
     @property
     def python_type(self) -> type[int]:

@@ -65,8 +65,8 @@ class RawStatement:
     __slots__ = ("sql", "_positional", "_defaults")
 
     def __init__(self, statement: sa.sql.ClauseElement, dialect: Dialect) -> None:
-        compiled = statement.compile(dialect=dialect)
-        self.sql = compiled.string
+        compiled: Any = statement.compile(dialect=dialect)
+        self.sql: str = compiled.string
         self._positional: Sequence[str] | None = (
             list(compiled.positiontup) if compiled.positional and compiled.positiontup else None
         )

@@ -106,8 +106,8 @@ class MySQLBackend(TicketBackend):
         return int(cursor.lastrowid)
 
     def is_missing_table(self, error: BaseException) -> bool:
-        args = getattr(error, "args", ())
-        return bool(args) and args[0] == _NO_SUCH_TABLE
+        args: tuple[Any, ...] = getattr(error, "args", ())
+        return len(args) > 0 and args[0] == _NO_SUCH_TABLE
 
 
 def _last_insert_id_update(t: sa.Table) -> sa.sql.Executable:

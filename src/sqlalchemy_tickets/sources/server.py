@@ -132,7 +132,8 @@ class TicketServer:
         Raises :class:`UnknownSequenceError` if the table does not exist.
         """
         table = ticket_table(sequence, check_bits(bits), self.table_template)
-        return self._round_trip(self._describe, table)
+        info: TableInfo | None = self._round_trip(self._describe, table)
+        return info
 
     def create(
         self,
@@ -157,7 +158,7 @@ class TicketServer:
                 self._backend.check_create(conn, spec)
                 for statement in self._backend.create_statements(spec):
                     try:
-                        conn.execute(statement)  # type: ignore[arg-type]
+                        conn.execute(statement)
                     except sa_exc.IntegrityError:
                         # PostgreSQL: a concurrent CREATE TABLE IF NOT EXISTS of the same table.
                         logger.debug("%s created concurrently", table.name)
@@ -209,7 +210,7 @@ class TicketServer:
                 )
         with self._lock:
             self._known[table] = info
-        return info
+        return info  # type: ignore[no-any-return]
 
     def _after_miss(self, table: TicketTable, count: int, increment: int) -> int:
         """The take advanced nothing: start Flickr's row, or report exhaustion."""
@@ -220,7 +221,7 @@ class TicketServer:
                 return int(first)
             last = self._round_trip(self._take, table, count, increment)
             if last is not None:
-                return last
+                return int(last)
             info = self._round_trip(self._describe, table)
         last_id = info.last_id if info is not None and info.last_id is not None else 0
         left = max(0, (table.max_id - last_id) // increment)

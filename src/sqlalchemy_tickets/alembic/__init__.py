@@ -1,0 +1,38 @@
+"""Alembic support: ``op.create_ticket_table`` / ``op.drop_ticket_table`` and autogenerate.
+
+Importing this package registers everything with Alembic. In ``env.py``::
+
+    import sqlalchemy_tickets.alembic
+    from sqlalchemy_tickets.alembic import include_object
+
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        include_object=include_object,   # optional: hide ticket tables from the table diff
+    )
+
+In a migration::
+
+    op.create_ticket_table("Photos")                        # tickets__photos, ids 1, 2, 3, ...
+    op.create_ticket_table("Photos", increment=2, offset=2) # even ids: server 2 of an odd/even pair
+    op.create_ticket_table(bits=32)                         # Flickr's Tickets32
+    op.drop_ticket_table("Photos")
+
+Autogenerate proposes ``op.create_ticket_table(...)`` for every ``TicketId`` column of the
+target metadata whose ticket table is missing from the database, and never proposes to drop a
+ticket table (``context.configure(..., sqlalchemy_tickets_autogenerate=False)`` turns this off).
+"""
+
+from __future__ import annotations
+
+from . import render, toimpl  # noqa: F401  (registration side effects)
+from .compare import include_object, is_ticket_table_name, ticket_tables
+from .ops import CreateTicketTableOp, DropTicketTableOp
+
+__all__ = [
+    "CreateTicketTableOp",
+    "DropTicketTableOp",
+    "include_object",
+    "is_ticket_table_name",
+    "ticket_tables",
+]

@@ -1,0 +1,197 @@
+"""The ``create_ticket_table`` / ``drop_ticket_table`` migration operations.
+
+Importing :mod:`sqlalchemy_tickets.alembic` registers them on Alembic's ``Operations``, so a
+migration script can say::
+
+    import sqlalchemy_tickets.alembic  # noqa: F401  (registers op.create_ticket_table)
+
+    def upgrade():
+        op.create_ticket_table("Photos")                            # tickets__photos
+        op.create_ticket_table("Photos", increment=2, offset=2)     # even ids (server 2 of 2)
+        op.create_ticket_table(bits=32)                             # Flickr's Tickets32
+
+    def downgrade():
+        op.drop_ticket_table("Photos")
+
+Arguments are validated when the operation is built, before any SQL is emitted or written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alembic.operations import MigrateOperation, Operations
+
+from .._naming import (
+    DEFAULT_TABLE_TEMPLATE,
+    TicketTable,
+    check_stride,
+    check_table_template,
+    ticket_table,
+)
+from ..dialects.base import TableSpec
+
+__all__ = ["CreateTicketTableOp", "DropTicketTableOp"]
+
+
+class _TicketTableOp(MigrateOperation):
+    """What both operations share: which sequence, at which width, under which table template."""
+
+    def __init__(
+        self,
+        sequence: str | None = None,
+        *,
+        bits: int = 64,
+        table_template: str = DEFAULT_TABLE_TEMPLATE,
+    ) -> None:
+        self.table_template = check_table_template(table_template)
+        # Validates the name (TicketsError for anything but a plain identifier) and the width.
+        self.ticket_table: TicketTable = ticket_table(sequence, bits, self.table_template)
+        self.sequence = sequence
+        self.bits = self.ticket_table.bits
+
+    @property
+    def table_name(self) -> str:
+        """The name of the ticket table (``tickets__photos``, ``Tickets64``, ...)."""
+        return self.ticket_table.name
+
+    def _kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"bits": self.bits}
+        if self.table_template != DEFAULT_TABLE_TEMPLATE:
+            kw["table_template"] = self.table_template
+        return kw
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.table_name}>"
+
+
+@Operations.register_operation("create_ticket_table")
+class CreateTicketTableOp(_TicketTableOp):
+    """Create the one-row ticket table of a sequence (``None``: Flickr's ``Tickets64``/``32``).
+
+    The first id issued is the smallest id >= ``start`` that is congruent to ``offset``
+    modulo ``increment``. On MySQL/MariaDB, Flickr's tables take their stride from the server's
+    ``auto_increment_increment``/``auto_increment_offset``: online, a requested stride other
+    than 1/1 is checked against the server before anything is created.
+    """
+
+    def __init__(
+        self,
+        sequence: str | None = None,
+        *,
+        bits: int = 64,
+        start: int = 1,
+        increment: int = 1,
+        offset: int = 1,
+        table_template: str = DEFAULT_TABLE_TEMPLATE,
+    ) -> None:
+        super().__init__(sequence, bits=bits, table_template=table_template)
+        check_stride(start, increment, offset, self.bits)
+        self.start = start
+        self.increment = increment
+        self.offset = offset
+
+    @property
+    def spec(self) -> TableSpec:
+        """What the backend needs to build the DDL and the seed row."""
+        return TableSpec(self.ticket_table, self.start, self.increment, self.offset)
+
+    @classmethod
+    def create_ticket_table(
+        cls,
+        operations: Operations,
+        sequence: str | None = None,
+        *,
+        bits: int = 64,
+        start: int = 1,
+        increment: int = 1,
+        offset: int = 1,
+        table_template: str = DEFAULT_TABLE_TEMPLATE,
+    ) -> None:
+        """Create the ticket table of ``sequence`` and its seed row (if it does not exist).
+
+        :param sequence: the sequence name (case-insensitive); ``None``: Flickr's ``Tickets64``
+            (``bits=32``: ``Tickets32``).
+        :param bits: 64 or 32, the width of the ids.
+        :param start: the first id issued is the smallest id >= ``start`` that is congruent to
+            ``offset`` modulo ``increment``.
+        :param increment: the stride (the number of ticket servers, e.g. 2 for odd/even).
+        :param offset: 1..increment, this server's position among its peers.
+        :param table_template: how a sequence name becomes a table name; must match the
+            ``table_template`` of the sources that draw from it.
+        """
+        op = cls(
+            sequence,
+            bits=bits,
+            start=start,
+            increment=increment,
+            offset=offset,
+            table_template=table_template,
+        )
+        operations.invoke(op)
+
+    def reverse(self) -> DropTicketTableOp:
+        return DropTicketTableOp(
+            self.sequence,
+            bits=self.bits,
+            table_template=self.table_template,
+            _reverse=self,
+        )
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        return ("add_ticket_table", self.ticket_table)
+
+    def render_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments that differ from the defaults (what autogenerate writes)."""
+        kw = self._kwargs()
+        if kw["bits"] == 64:
+            del kw["bits"]
+        for name, default in (("start", 1), ("increment", 1), ("offset", 1)):
+            value = getattr(self, name)
+            if value != default:
+                kw[name] = value
+        return kw
+
+
+@Operations.register_operation("drop_ticket_table")
+class DropTicketTableOp(_TicketTableOp):
+    """Drop the ticket table of a sequence (if it exists). Its ids are gone with it."""
+
+    def __init__(
+        self,
+        sequence: str | None = None,
+        *,
+        bits: int = 64,
+        table_template: str = DEFAULT_TABLE_TEMPLATE,
+        _reverse: CreateTicketTableOp | None = None,
+    ) -> None:
+        super().__init__(sequence, bits=bits, table_template=table_template)
+        self._reverse = _reverse
+
+    @classmethod
+    def drop_ticket_table(
+        cls,
+        operations: Operations,
+        sequence: str | None = None,
+        *,
+        bits: int = 64,
+        table_template: str = DEFAULT_TABLE_TEMPLATE,
+    ) -> None:
+        """Drop the ticket table of ``sequence`` (``None``: Flickr's ``Tickets64``/``32``)."""
+        operations.invoke(cls(sequence, bits=bits, table_template=table_template))
+
+    def reverse(self) -> CreateTicketTableOp:
+        if self._reverse is not None:
+            return self._reverse
+        return CreateTicketTableOp(
+            self.sequence, bits=self.bits, table_template=self.table_template
+        )
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        return ("remove_ticket_table", self.ticket_table)
+
+    def render_kwargs(self) -> dict[str, Any]:
+        kw = self._kwargs()
+        if kw["bits"] == 64:
+            del kw["bits"]
+        return kw

@@ -1,0 +1,111 @@
+"""How the ticket-table operations run: online on the migration's connection, offline as SQL text.
+
+The statements come from the backend of the migration's dialect (the same DDL and seed row that
+:meth:`TicketServer.create <sqlalchemy_tickets.TicketServer.create>` runs) and go through
+``operations.execute`` one by one, so that ``alembic upgrade --sql`` prints them. Online, the
+backend's ``check_create`` runs first (on MySQL/MariaDB it compares a Flickr table's requested
+stride with the server's ``auto_increment_increment``/``auto_increment_offset`` and raises
+:class:`~sqlalchemy_tickets.StrideMismatchError` before anything is created); offline there is
+no server to ask, so the check is written into the script as a comment instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from alembic.operations import Operations
+from sqlalchemy.engine import Dialect
+
+from ..dialects import backend_for
+from ..dialects.base import TableSpec, TicketBackend
+from .ops import CreateTicketTableOp, DropTicketTableOp
+
+
+def _backend(operations: Operations) -> TicketBackend:
+    dialect = operations.get_context().dialect
+    return backend_for(dialect.name)
+
+
+def _emit(operations: Operations, statement: sa.sql.Executable) -> None:
+    """Run one statement; offline, print it with its values inlined."""
+    context = operations.get_context()
+    impl = context.impl
+    if context.as_sql:
+        dialect = _offline_dialect(context.dialect)
+        is_ddl = isinstance(statement, sa.schema.ExecutableDDLElement)
+        if dialect is not context.dialect or not (is_ddl or impl.literal_binds):
+            # Compile here: a script without literal_binds=True would print bare placeholders.
+            assert isinstance(statement, sa.sql.ClauseElement)
+            kw: dict[str, Any] = {} if is_ddl else {"compile_kwargs": {"literal_binds": True}}
+            compiled = statement.compile(dialect=dialect, **kw)
+            impl.static_output(
+                str(compiled).replace("\t", "    ").strip() + impl.command_terminator
+            )
+            return
+    operations.execute(statement)
+
+
+def _offline_dialect(dialect: Dialect) -> Dialect:
+    """The dialect to print offline SQL with.
+
+    A ``mysql`` URL cannot tell MySQL from MariaDB without connecting, and MariaDB reserves words
+    that MySQL does not (``offset``, a column of named ticket tables): quote the words either
+    server reserves, so the script runs on both.
+    """
+    if dialect.name != "mysql" or getattr(dialect, "is_mariadb", False):
+        return dialect
+    from sqlalchemy.dialects.mysql import reserved_words
+
+    both = type(dialect)()
+    preparer = both.identifier_preparer
+    preparer.reserved_words = (
+        reserved_words.RESERVED_WORDS_MYSQL | reserved_words.RESERVED_WORDS_MARIADB
+    )
+    return both
+
+
+def _comment(operations: Operations, text: str) -> None:
+    context = operations.get_context()
+    if context.as_sql:
+        lines = "\n".join(f"-- {line}" for line in text.splitlines())
+        context.impl.static_output(lines)
+
+
+@Operations.implementation_for(CreateTicketTableOp)
+def create_ticket_table(operations: Operations, operation: CreateTicketTableOp) -> None:
+    backend = _backend(operations)
+    spec = operation.spec
+    # Build every statement before running any: a spec the backend refuses (e.g. a stride on a
+    # Flickr table where the server cannot supply one) fails with nothing written.
+    statements = backend.create_statements(spec)
+    context = operations.get_context()
+    if context.as_sql:
+        _offline_stride_note(operations, backend, spec)
+    else:
+        backend.check_create(operations.get_bind(), spec)
+    for statement in statements:
+        _emit(operations, statement)
+
+
+def _offline_stride_note(operations: Operations, backend: TicketBackend, spec: TableSpec) -> None:
+    if spec.table.flickr and backend.flickr_stride_from_server:
+        if (spec.increment, spec.offset) == (1, 1):
+            note = (
+                f"{spec.table.name} takes its stride from this server's "
+                "auto_increment_increment / auto_increment_offset."
+            )
+        else:
+            note = (
+                f"{spec.table.name} takes its stride from the server: run this only on a server "
+                f"with auto_increment_increment={spec.increment} and "
+                f"auto_increment_offset={spec.offset} (checked online, not in --sql mode)."
+            )
+        _comment(operations, f"sqlalchemy-tickets: {note}")
+
+
+@Operations.implementation_for(DropTicketTableOp)
+def drop_ticket_table(operations: Operations, operation: DropTicketTableOp) -> None:
+    backend = _backend(operations)
+    for statement in backend.drop_statements(TableSpec(operation.ticket_table)):
+        _emit(operations, statement)

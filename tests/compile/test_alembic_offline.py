@@ -1,0 +1,306 @@
+"""Alembic support without a server: offline ``--sql`` scripts of the examples, the operations'
+arguments, reverse() and autogenerate rendering."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import render_python_code
+from alembic.migration import MigrationContext
+from alembic.operations import Operations, ops
+
+from sqlalchemy_tickets.alembic import (
+    CreateTicketTableOp,
+    DropTicketTableOp,
+    include_object,
+    is_ticket_table_name,
+)
+from sqlalchemy_tickets.errors import TicketsError
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "migrations_examples"
+
+OFFLINE_URLS = {
+    "sqlite": "sqlite:///offline.db",
+    "postgresql": "postgresql+psycopg://user@db.invalid/app",
+    "mysql": "mysql+pymysql://root@db.invalid/app",
+    "mariadb": "mariadb+pymysql://root@db.invalid/app",
+}
+
+#: The named table's CREATE and seed INSERT, as each dialect must quote them (``offset`` is
+#: reserved on PostgreSQL and MariaDB; a ``mysql`` URL cannot tell MySQL from MariaDB offline).
+NAMED_CREATE = {
+    "sqlite": "CREATE TABLE IF NOT EXISTS tickets__photos (\n    stub CHAR(1) NOT NULL, \n"
+    '    id BIGINT NOT NULL, \n    increment INTEGER NOT NULL, \n    "offset" INTEGER NOT NULL, ',
+    "postgresql": "CREATE TABLE IF NOT EXISTS tickets__photos (\n    stub CHAR(1) NOT NULL, \n"
+    '    id BIGINT NOT NULL, \n    increment INTEGER NOT NULL, \n    "offset" INTEGER NOT NULL, ',
+    "mysql": "CREATE TABLE IF NOT EXISTS tickets__photos (\n    stub CHAR(1) NOT NULL, \n"
+    "    id BIGINT NOT NULL, \n    increment INTEGER NOT NULL, \n    `offset` INTEGER NOT NULL, ",
+}
+NAMED_CREATE["mariadb"] = NAMED_CREATE["mysql"]
+
+
+def seed_insert(dialect: str, seed_id: int, increment: int, offset: int) -> str:
+    values = f"VALUES ('a', {seed_id}, {increment}, {offset})"
+    if dialect == "sqlite":
+        return f'INSERT OR IGNORE INTO tickets__photos (stub, id, increment, "offset") {values};'
+    if dialect == "postgresql":
+        return (
+            f'INSERT INTO tickets__photos (stub, id, increment, "offset") {values} '
+            "ON CONFLICT DO NOTHING;"
+        )
+    return f"INSERT IGNORE INTO tickets__photos (stub, id, increment, `offset`) {values};"
+
+
+def alembic(
+    example: str, *args: str, x: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the ``alembic`` command line on an example, from an unrelated working directory."""
+    argv = [sys.executable, "-m", "alembic", "-c", str(EXAMPLES / example / "alembic.ini")]
+    for key, value in (x or {}).items():
+        argv += ["-x", f"{key}={value}"]
+    env = {**os.environ, "PYTHONWARNINGS": "error::DeprecationWarning:alembic"}
+    return subprocess.run(
+        argv + list(args), capture_output=True, text=True, cwd="/", env=env, timeout=120
+    )
+
+
+def offline(example: str, *args: str, **x: str) -> str:
+    result = alembic(example, *args, "--sql", x=x)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+# -- the examples, offline -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("example", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("dialect", sorted(OFFLINE_URLS))
+def test_app_examples_offline_upgrade(example: str, dialect: str) -> None:
+    sql = offline(example, "upgrade", "head", url=OFFLINE_URLS[dialect])
+    assert "CREATE TABLE photos (" in sql
+    assert NAMED_CREATE[dialect] in sql
+    assert seed_insert(dialect, 0, 1, 1) in sql
+    # The ticket table comes after the application table, and its seed after its CREATE.
+    assert sql.index("CREATE TABLE photos") < sql.index("tickets__photos") < sql.index("INSERT")
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql", "mysql"])
+def test_postgresql_example_takes_its_stride_from_x_args(dialect: str) -> None:
+    sql = offline(
+        "postgresql", "upgrade", "head", url=OFFLINE_URLS[dialect], increment="2", offset="2"
+    )
+    # first id 2, so the row starts at 2 - 2 = 0 with stride 2/2
+    assert seed_insert(dialect, 0, 2, 2) in sql
+    sql = offline(
+        "postgresql", "upgrade", "head", url=OFFLINE_URLS[dialect], increment="2", offset="1"
+    )
+    assert seed_insert(dialect, -1, 2, 1) in sql
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql", "mysql"])
+def test_app_examples_offline_downgrade(dialect: str) -> None:
+    sql = offline("sqlite", "downgrade", "0001:base", url=OFFLINE_URLS[dialect])
+    assert "DROP TABLE IF EXISTS tickets__photos;" in sql
+    assert sql.index("DROP TABLE IF EXISTS") < sql.index("DROP TABLE photos")
+
+
+@pytest.mark.parametrize("dialect", ["mysql", "mariadb"])
+@pytest.mark.parametrize("offset", [1, 2])
+def test_flickr_pair_example_offline(dialect: str, offset: int) -> None:
+    sql = offline(
+        "mysql-flickr-two-servers", "upgrade", "head", url=OFFLINE_URLS[dialect], offset=str(offset)
+    )
+    for name, column in (
+        ("Tickets64", "BIGINT(20) UNSIGNED"),
+        ("Tickets32", "INTEGER(10) UNSIGNED"),
+    ):
+        assert (
+            f"CREATE TABLE IF NOT EXISTS `{name}` (\n    id {column} NOT NULL AUTO_INCREMENT, "
+            in sql
+        )
+        # Flickr's tables start empty: the first REPLACE INTO makes the row.
+        assert f"INSERT IGNORE INTO `{name}`" not in sql
+        # There is no server to check offline: the script says what it needs.
+        assert (
+            f"-- sqlalchemy-tickets: {name} takes its stride from the server: run this only on a "
+            f"server with auto_increment_increment=2 and auto_increment_offset={offset}"
+        ) in sql
+    assert "CONSTRAINT stub UNIQUE (stub)" in sql
+    if dialect == "mysql":
+        assert f"ENGINE=InnoDB AUTO_INCREMENT={offset};" in sql
+    assert NAMED_CREATE[dialect] in sql
+    assert seed_insert(dialect, offset - 2, 2, offset) in sql
+    # Flickr's tables come first, so that the online stride check runs before anything exists.
+    assert sql.index("`Tickets64`") < sql.index("`Tickets32`") < sql.index("tickets__photos")
+
+
+def test_flickr_pair_example_needs_the_servers_position() -> None:
+    result = alembic(
+        "mysql-flickr-two-servers", "upgrade", "head", "--sql", x={"url": OFFLINE_URLS["mysql"]}
+    )
+    assert result.returncode != 0
+    assert "-x offset=1" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("example", ["sqlite", "postgresql", "mysql-flickr-two-servers"])
+def test_examples_say_how_to_pass_the_database(example: str) -> None:
+    result = alembic(example, "upgrade", "head", "--sql")
+    assert result.returncode != 0
+    assert "-x url=" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_flickr_stride_is_refused_where_the_server_cannot_supply_it() -> None:
+    result = alembic(
+        "mysql-flickr-two-servers",
+        "upgrade",
+        "head",
+        "--sql",
+        x={"url": OFFLINE_URLS["postgresql"], "offset": "2"},
+    )
+    assert result.returncode != 0
+    assert "TicketsError" in result.stderr and "Tickets64" in result.stderr
+    assert "CREATE TABLE IF NOT EXISTS" not in result.stdout
+
+
+# -- the operations, in process -------------------------------------------------------------------
+
+
+def _ops(dialect: str, *, literal_binds: bool = True) -> tuple[Operations, io.StringIO]:
+    buffer = io.StringIO()
+    context = MigrationContext.configure(
+        dialect_name=dialect,
+        opts={"as_sql": True, "output_buffer": buffer, "literal_binds": literal_binds},
+    )
+    return Operations(context), buffer
+
+
+@pytest.mark.parametrize("literal_binds", [True, False])
+def test_seed_values_are_inlined_offline(literal_binds: bool) -> None:
+    op, buffer = _ops("postgresql", literal_binds=literal_binds)
+    op.create_ticket_table("Photos", start=10, increment=3, offset=2)  # type: ignore[attr-defined]
+    # first id 11 (the smallest id >= 10 that is 2 mod 3): the row starts one stride below
+    assert seed_insert("postgresql", 8, 3, 2) in buffer.getvalue()
+
+
+def test_flickr_tables_offline_on_every_dialect() -> None:
+    for dialect, quote in (("sqlite", '"'), ("postgresql", '"'), ("mysql", "`")):
+        op, buffer = _ops(dialect)
+        op.create_ticket_table(bits=32)  # type: ignore[attr-defined]
+        op.drop_ticket_table(bits=32)  # type: ignore[attr-defined]
+        sql = buffer.getvalue()
+        assert f"CREATE TABLE IF NOT EXISTS {quote}Tickets32{quote} (" in sql
+        assert f"DROP TABLE IF EXISTS {quote}Tickets32{quote};" in sql
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"bits": 16},
+        {"increment": 0},
+        {"increment": 2, "offset": 3},
+        {"offset": 0},
+        {"start": 0},
+        {"start": 2**31, "bits": 32},
+        {"increment": True},
+    ],
+)
+def test_bad_arguments_raise_before_any_sql(kwargs: dict[str, int]) -> None:
+    op, buffer = _ops("sqlite")
+    with pytest.raises(TicketsError):
+        op.create_ticket_table("Photos", **kwargs)  # type: ignore[attr-defined]
+    assert buffer.getvalue() == ""
+
+
+@pytest.mark.parametrize("sequence", ["bad-name", "", "1photos", "x" * 41, "a b"])
+def test_bad_sequence_names_raise_before_any_sql(sequence: str) -> None:
+    op, buffer = _ops("postgresql")
+    with pytest.raises(TicketsError):
+        op.create_ticket_table(sequence)  # type: ignore[attr-defined]
+    with pytest.raises(TicketsError):
+        op.drop_ticket_table(sequence)  # type: ignore[attr-defined]
+    assert buffer.getvalue() == ""
+    with pytest.raises(ValueError):  # TicketsError is a ValueError
+        CreateTicketTableOp(sequence)
+
+
+def test_reverse_round_trip() -> None:
+    create = CreateTicketTableOp("Photos", bits=32, start=10, increment=3, offset=2)
+    drop = create.reverse()
+    assert isinstance(drop, DropTicketTableOp)
+    assert (drop.table_name, drop.bits) == ("tickets__photos", 32)
+    again = drop.reverse()
+    assert isinstance(again, CreateTicketTableOp)
+    assert (again.start, again.increment, again.offset) == (10, 3, 2)
+    # A drop written by hand reverses to a create with the default stride.
+    plain = DropTicketTableOp("photos").reverse()
+    assert (plain.table_name, plain.bits, plain.start, plain.increment, plain.offset) == (
+        "tickets__photos",
+        64,
+        1,
+        1,
+        1,
+    )
+    assert DropTicketTableOp().reverse().table_name == "Tickets64"
+
+
+def test_render() -> None:
+    upgrade = ops.UpgradeOps(
+        ops=[
+            CreateTicketTableOp("photos"),
+            CreateTicketTableOp("tags", bits=32),
+            CreateTicketTableOp(),
+            CreateTicketTableOp(bits=32, increment=2, offset=2),
+            CreateTicketTableOp("Photos", start=10, increment=3, offset=2),
+            DropTicketTableOp("photos"),
+            DropTicketTableOp(bits=32),
+        ]
+    )
+    code = render_python_code(upgrade)
+    lines = [line.strip() for line in code.splitlines() if line.strip().startswith("op.")]
+    assert lines == [
+        "op.create_ticket_table('photos')",
+        "op.create_ticket_table('tags', bits=32)",
+        "op.create_ticket_table()",
+        "op.create_ticket_table(bits=32, increment=2, offset=2)",
+        "op.create_ticket_table('Photos', start=10, increment=3, offset=2)",
+        "op.drop_ticket_table('photos')",
+        "op.drop_ticket_table(bits=32)",
+    ]
+
+
+def test_custom_table_template() -> None:
+    op, buffer = _ops("sqlite")
+    op.create_ticket_table("Photos", table_template="ids_{sequence}_tickets")  # type: ignore[attr-defined]
+    assert "CREATE TABLE IF NOT EXISTS ids_photos_tickets" in buffer.getvalue()
+    code = render_python_code(
+        ops.UpgradeOps(ops=[CreateTicketTableOp("photos", table_template="ids_{sequence}_tickets")])
+    )
+    assert "op.create_ticket_table('photos', table_template='ids_{sequence}_tickets')" in code
+    with pytest.raises(TicketsError):
+        CreateTicketTableOp("photos", table_template="no_placeholder")
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("tickets__photos", True),
+        ("TICKETS__Photos", True),
+        ("Tickets64", True),
+        ("tickets32", True),
+        ("photos", False),
+        ("tickets_photos", False),
+        ("tickets__", False),
+        ("Tickets16", False),
+    ],
+)
+def test_ticket_table_names(name: str, expected: bool) -> None:
+    assert is_ticket_table_name(name) is expected
+    # include_object hides reflected ticket tables only
+    assert include_object(None, name, "table", True, None) is (not expected)
+    assert include_object(None, name, "table", False, object()) is True
+    assert include_object(None, "id", "column", True, None) is True

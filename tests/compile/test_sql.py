@@ -1,0 +1,78 @@
+"""The ticket SQL each backend runs, compiled with that backend's dialect (no server)."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+
+from sqlalchemy_tickets._naming import ticket_table
+from sqlalchemy_tickets.dialects import backend_for
+from sqlalchemy_tickets.dialects.base import TableSpec
+from sqlalchemy_tickets.errors import TicketsError
+
+DIALECTS = {"postgresql": postgresql.dialect(), "mysql": mysql.dialect(), "sqlite": sqlite.dialect()}
+
+
+def _sql(name: str, statement: sa.sql.ClauseElement) -> str:
+    return str(statement.compile(dialect=DIALECTS[name]))
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_named_table_ddl_and_seed(name: str) -> None:
+    backend = backend_for(name)
+    spec = TableSpec(ticket_table("Photos"), start=10, increment=3, offset=2)
+    create, seed = (_sql(name, s) for s in backend.create_statements(spec))  # type: ignore[arg-type]
+    assert "CREATE TABLE IF NOT EXISTS tickets__photos" in create
+    assert "PRIMARY KEY (stub)" in create
+    assert "tickets__photos" in seed
+    row = backend.seed_row(spec)
+    assert row == {"stub": "a", "id": 11 - 3, "increment": 3, "offset": 2}
+
+
+def test_reserved_words_are_quoted_on_postgresql() -> None:
+    spec = TableSpec(ticket_table("Photos"))
+    create = _sql("postgresql", backend_for("postgresql").create_statements(spec)[0])  # type: ignore[arg-type]
+    assert '"offset" INTEGER NOT NULL' in create
+
+
+def test_flickr_schema_on_mysql_is_flickrs() -> None:
+    spec = TableSpec(ticket_table(None, 64), storage_engine="MyISAM")
+    statements = backend_for("mysql").create_statements(spec)
+    assert len(statements) == 1  # no seed row: the first REPLACE INTO makes it
+    ddl = _sql("mysql", statements[0])  # type: ignore[arg-type]
+    assert "`Tickets64`" in ddl or "Tickets64" in ddl
+    assert "BIGINT(20) UNSIGNED NOT NULL AUTO_INCREMENT" in ddl
+    assert "stub CHAR(1) NOT NULL DEFAULT ''" in ddl
+    assert "CONSTRAINT stub UNIQUE (stub)" in ddl
+    assert "ENGINE=MyISAM" in ddl
+
+
+def test_flickr_tables_elsewhere_refuse_a_stride() -> None:
+    spec = TableSpec(ticket_table(None, 64), increment=2, offset=2)
+    with pytest.raises(TicketsError, match="named sequence"):
+        backend_for("postgresql").create_statements(spec)
+
+
+def test_mysql_block_is_one_update_read_from_last_insert_id() -> None:
+    backend = backend_for("mysql")
+    stmt = backend.statement(DIALECTS["mysql"], ticket_table("Photos"), "take_block",
+                             __import__("sqlalchemy_tickets.dialects.mysql",
+                                        fromlist=["_last_insert_id_update"])._last_insert_id_update)
+    assert stmt.sql.startswith("UPDATE tickets__photos SET id=last_insert_id(")
+    assert "WHERE tickets__photos.stub = " in stmt.sql
+
+
+@pytest.mark.parametrize("name", ["postgresql", "sqlite"])
+def test_returning_block_is_one_update(name: str) -> None:
+    from sqlalchemy_tickets.dialects.base import _returning_update
+
+    stmt = backend_for(name).statement(DIALECTS[name], ticket_table("Photos"), "take_block",
+                                       _returning_update)
+    assert stmt.sql.startswith("UPDATE tickets__photos SET id=(tickets__photos.id + ")
+    assert stmt.sql.endswith("RETURNING id") or stmt.sql.endswith("RETURNING tickets__photos.id")
+
+
+def test_unknown_dialect_is_a_clear_error() -> None:
+    with pytest.raises(TicketsError, match="no ticket backend for the 'oracle' dialect"):
+        backend_for("oracle")
