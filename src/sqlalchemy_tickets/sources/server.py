@@ -216,9 +216,13 @@ class TicketServer:
         """The take advanced nothing: start Flickr's row, or report exhaustion."""
         info = self._round_trip(self._describe, table)
         if info is None or info.last_id is None:
-            first = self._round_trip(self._start_row, table)
+            first = int(self._round_trip(self._start_row, table))
             if count == 1:
-                return int(first)
+                return first
+            # The rest of the block follows on unless another client got in between.
+            last = self._round_trip(self._take, table, count - 1, increment)
+            if last is not None and last - (count - 2) * increment == first + increment:
+                return int(last)
             last = self._round_trip(self._take, table, count, increment)
             if last is not None:
                 return int(last)
