@@ -1,0 +1,1 @@
+"""Test-only helpers: a fault-injecting TCP proxy and private database server processes."""
