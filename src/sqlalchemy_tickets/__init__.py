@@ -11,8 +11,8 @@ from importlib.metadata import PackageNotFoundError, version
 from .errors import (
     ExhaustedError,
     StrideMismatchError,
-    TicketServerUnavailable,
     TicketsError,
+    TicketServerUnavailable,
     UnknownSequenceError,
 )
 from .sources import TicketServer, TicketServers, TicketSource, configure

@@ -39,7 +39,7 @@ def max_id(bits: int) -> int:
 
 
 def normalize_sequence(sequence: object) -> str | None:
-    """Validate a sequence name and fold it to lower case. ``None`` stays ``None`` (Flickr's table)."""
+    """Validate a sequence name and fold it to lower case; ``None`` (Flickr's table) stays."""
     if sequence is None:
         return None
     if not isinstance(sequence, str):
@@ -78,7 +78,7 @@ class TicketTable:
 
     @property
     def flickr(self) -> bool:
-        """True for Flickr's ``Tickets64``/``Tickets32`` schema (``id`` + ``stub``, no stride columns)."""
+        """True for Flickr's ``Tickets64``/``Tickets32`` schema (``id``, ``stub``, no stride)."""
         return self.sequence is None
 
     @property

@@ -114,7 +114,7 @@ def _assign_ids(session: Session, flush_context: UOWTransaction, instances: Any)
                 entry = groups[group] = (type_, engine, [])
             entry[2].append((obj, key))
     for type_, engine, targets in groups.values():
-        for (obj, key), new_id in zip(targets, type_.new_ids(engine, len(targets))):
+        for (obj, key), new_id in zip(targets, type_.new_ids(engine, len(targets)), strict=True):
             setattr(obj, key, new_id)
 
 

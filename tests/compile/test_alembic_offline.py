@@ -35,11 +35,11 @@ OFFLINE_URLS = {
 #: reserved on PostgreSQL and MariaDB; a ``mysql`` URL cannot tell MySQL from MariaDB offline).
 NAMED_CREATE = {
     "sqlite": "CREATE TABLE IF NOT EXISTS tickets__photos (\n    stub CHAR(1) NOT NULL, \n"
-    '    id BIGINT NOT NULL, \n    increment INTEGER NOT NULL, \n    "offset" INTEGER NOT NULL, ',
+    '    id BIGINT NOT NULL, \n    "increment" INTEGER NOT NULL, \n    "offset" INTEGER NOT NULL, ',
     "postgresql": "CREATE TABLE IF NOT EXISTS tickets__photos (\n    stub CHAR(1) NOT NULL, \n"
-    '    id BIGINT NOT NULL, \n    increment INTEGER NOT NULL, \n    "offset" INTEGER NOT NULL, ',
+    '    id BIGINT NOT NULL, \n    "increment" INTEGER NOT NULL, \n    "offset" INTEGER NOT NULL, ',
     "mysql": "CREATE TABLE IF NOT EXISTS tickets__photos (\n    stub CHAR(1) NOT NULL, \n"
-    "    id BIGINT NOT NULL, \n    increment INTEGER NOT NULL, \n    `offset` INTEGER NOT NULL, ",
+    "    id BIGINT NOT NULL, \n    `increment` INTEGER NOT NULL, \n    `offset` INTEGER NOT NULL, ",
 }
 NAMED_CREATE["mariadb"] = NAMED_CREATE["mysql"]
 
@@ -47,13 +47,13 @@ NAMED_CREATE["mariadb"] = NAMED_CREATE["mysql"]
 def seed_insert(dialect: str, seed_id: int, increment: int, offset: int) -> str:
     values = f"VALUES ('a', {seed_id}, {increment}, {offset})"
     if dialect == "sqlite":
-        return f'INSERT OR IGNORE INTO tickets__photos (stub, id, increment, "offset") {values};'
+        return f'INSERT OR IGNORE INTO tickets__photos (stub, id, "increment", "offset") {values};'
     if dialect == "postgresql":
         return (
-            f'INSERT INTO tickets__photos (stub, id, increment, "offset") {values} '
+            f'INSERT INTO tickets__photos (stub, id, "increment", "offset") {values} '
             "ON CONFLICT DO NOTHING;"
         )
-    return f"INSERT IGNORE INTO tickets__photos (stub, id, increment, `offset`) {values};"
+    return f"INSERT IGNORE INTO tickets__photos (stub, id, `increment`, `offset`) {values};"
 
 
 def alembic(

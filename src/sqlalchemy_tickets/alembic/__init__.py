@@ -21,6 +21,8 @@ In a migration::
 Autogenerate proposes ``op.create_ticket_table(...)`` for every ``TicketId`` column of the
 target metadata whose ticket table is missing from the database, and never proposes to drop a
 ticket table (``context.configure(..., sqlalchemy_tickets_autogenerate=False)`` turns this off).
+Autogenerate writes ``TicketId`` columns as ``sqlalchemy_tickets.TicketId(...)``: add
+``import sqlalchemy_tickets`` to the project's ``script.py.mako``.
 """
 
 from __future__ import annotations

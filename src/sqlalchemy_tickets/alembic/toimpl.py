@@ -15,7 +15,6 @@ from typing import Any
 
 import sqlalchemy as sa
 from alembic.operations import Operations
-from sqlalchemy.engine import Dialect
 
 from ..dialects import backend_for
 from ..dialects.base import TableSpec, TicketBackend
@@ -32,37 +31,17 @@ def _emit(operations: Operations, statement: sa.sql.Executable) -> None:
     context = operations.get_context()
     impl = context.impl
     if context.as_sql:
-        dialect = _offline_dialect(context.dialect)
         is_ddl = isinstance(statement, sa.schema.ExecutableDDLElement)
-        if dialect is not context.dialect or not (is_ddl or impl.literal_binds):
+        if not (is_ddl or impl.literal_binds):
             # Compile here: a script without literal_binds=True would print bare placeholders.
             assert isinstance(statement, sa.sql.ClauseElement)
             kw: dict[str, Any] = {} if is_ddl else {"compile_kwargs": {"literal_binds": True}}
-            compiled = statement.compile(dialect=dialect, **kw)
+            compiled = statement.compile(dialect=context.dialect, **kw)
             impl.static_output(
                 str(compiled).replace("\t", "    ").strip() + impl.command_terminator
             )
             return
     operations.execute(statement)
-
-
-def _offline_dialect(dialect: Dialect) -> Dialect:
-    """The dialect to print offline SQL with.
-
-    A ``mysql`` URL cannot tell MySQL from MariaDB without connecting, and MariaDB reserves words
-    that MySQL does not (``offset``, a column of named ticket tables): quote the words either
-    server reserves, so the script runs on both.
-    """
-    if dialect.name != "mysql" or getattr(dialect, "is_mariadb", False):
-        return dialect
-    from sqlalchemy.dialects.mysql import reserved_words
-
-    both = type(dialect)()
-    preparer = both.identifier_preparer
-    preparer.reserved_words = (
-        reserved_words.RESERVED_WORDS_MYSQL | reserved_words.RESERVED_WORDS_MARIADB
-    )
-    return both
 
 
 def _comment(operations: Operations, text: str) -> None:

@@ -147,9 +147,10 @@ class TicketBackend:
             metadata,
             sa.Column("stub", sa.CHAR(1), primary_key=True),
             sa.Column("id", sa.BigInteger, nullable=False),
-            sa.Column("increment", sa.Integer, nullable=False),
-            sa.Column("offset", sa.Integer, nullable=False),
-            comment=f"sqlalchemy-tickets sequence {t.sequence}: id is the last id issued",
+            # Quoted always: MariaDB reserves OFFSET, and an offline script for a mysql:// URL
+            # cannot know which server it will run on.
+            sa.Column("increment", sa.Integer, nullable=False, quote=True),
+            sa.Column("offset", sa.Integer, nullable=False, quote=True),
         )
 
     def flickr_table(self, spec: TableSpec, metadata: sa.MetaData) -> sa.Table:
@@ -159,7 +160,9 @@ class TicketBackend:
             metadata,
             sa.Column("id", id_type, primary_key=True, autoincrement=False),
             sa.Column("stub", sa.CHAR(1), nullable=False, server_default=""),
-            sa.UniqueConstraint("stub", name="stub"),
+            # Constraint names are per schema on PostgreSQL: Tickets64 and Tickets32 each need
+            # their own (MySQL keeps Flickr's UNIQUE KEY `stub`).
+            sa.UniqueConstraint("stub", name=f"{spec.table.name}_stub"),
         )
 
     def seed_row(self, spec: TableSpec) -> dict[str, Any] | None:

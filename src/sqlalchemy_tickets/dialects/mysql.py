@@ -55,8 +55,11 @@ class MySQLBackend(TicketBackend):
             sa.Column("id", unsigned, primary_key=True, autoincrement=True),
             sa.Column("stub", sa.CHAR(1), nullable=False, server_default=""),
             sa.UniqueConstraint("stub", name="stub"),
+            # The mariadb dialect reads only mariadb_* options, the mysql dialect mysql_*.
             mysql_engine=spec.storage_engine,
             mysql_auto_increment=str(spec.first_id),
+            mariadb_engine=spec.storage_engine,
+            mariadb_auto_increment=str(spec.first_id),
         )
 
     def seed_row(self, spec: TableSpec) -> dict[str, Any] | None:

@@ -35,4 +35,5 @@ class PostgreSQLBackend(ReturningBackend):
         return postgresql.insert(table).values(**row).on_conflict_do_nothing()
 
     def is_missing_table(self, error: BaseException) -> bool:
-        return getattr(error, "sqlstate", None) == "42P01" or getattr(error, "pgcode", None) == "42P01"
+        code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        return code == "42P01"

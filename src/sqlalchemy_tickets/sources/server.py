@@ -23,8 +23,8 @@ from ..dialects.base import TableInfo, TableSpec
 from ..errors import (
     ExhaustedError,
     StrideMismatchError,
-    TicketServerUnavailable,
     TicketsError,
+    TicketServerUnavailable,
     UnknownSequenceError,
 )
 from .base import check_count

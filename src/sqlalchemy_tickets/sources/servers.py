@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import URL, Engine
 
-from ..errors import TicketServerUnavailable, TicketsError
+from ..errors import TicketsError, TicketServerUnavailable
 from .server import TicketServer
 
 logger = logging.getLogger("sqlalchemy_tickets")

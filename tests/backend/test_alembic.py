@@ -1,0 +1,497 @@
+"""Alembic support on real databases: the example projects online, the operations' semantics,
+autogenerate, and bad input refused with nothing written."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata, produce_migrations, render_python_code
+from alembic.config import main as alembic_main
+from alembic.migration import MigrationContext
+from alembic.operations import Operations, ops
+
+from sqlalchemy_tickets import StrideMismatchError, TicketId, TicketServer, TicketServers
+from sqlalchemy_tickets.alembic import CreateTicketTableOp, DropTicketTableOp, include_object
+from sqlalchemy_tickets.errors import TicketsError
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "migrations_examples"
+BACKENDS = ["sqlite", "postgresql", "mysql"]
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def alembic(example: str | Path, *args: str, **x: Any) -> None:
+    """``alembic -c <example>/alembic.ini -x k=v ... <args>``, in process, raising on errors."""
+    ini = (
+        Path(example) / "alembic.ini"
+        if isinstance(example, Path)
+        else EXAMPLES / example / "alembic.ini"
+    )
+    argv = ["-c", str(ini), "--raiseerr"]
+    for key, value in x.items():
+        argv += ["-x", f"{key}={value}"]
+    alembic_main(argv=argv + list(args))
+
+
+def table_names(url: str) -> set[str]:
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return set(sa.inspect(conn).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def draw(url: str, sequence: str | None, count: int, *, bits: int = 64) -> range:
+    """A block from the database's ticket table, which must already exist."""
+    server = TicketServer(url, create_missing=False)
+    try:
+        return server.next_block(sequence, count, bits=bits)
+    finally:
+        server.dispose()
+
+
+@contextmanager
+def operations(url: str) -> Iterator[Operations]:
+    """An ``op`` on a connection to ``url``, committed at the end (as a migration would be)."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            yield Operations(MigrationContext.configure(conn))
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(params=BACKENDS)
+def url(request: pytest.FixtureRequest, make_database: Callable[[str], str]) -> str:
+    """A fresh, empty database on each backend."""
+    return make_database(request.param)
+
+
+# -- the example projects, online -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_app_example_upgrade_downgrade_upgrade(
+    backend: str, make_database: Callable[[str], str]
+) -> None:
+    url = make_database(backend)
+    alembic(backend, "upgrade", "head", url=url)
+    assert {"photos", "tickets__photos", "alembic_version"} <= table_names(url)
+    assert draw(url, "Photos", 3) == range(1, 4)
+    assert draw(url, "photos", 2) == range(4, 6)  # one sequence, whatever the case
+
+    alembic(backend, "downgrade", "base", url=url)
+    assert table_names(url) & {"photos", "tickets__photos"} == set()
+
+    alembic(backend, "upgrade", "head", url=url)
+    assert draw(url, "Photos", 3) == range(1, 4)  # a new table starts again at 1
+
+    # The application table takes the ids: TicketId("Photos") drawing from that database.
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    server = TicketServer(url, create_missing=False)
+    photos = sa.Table(
+        "photos",
+        sa.MetaData(),
+        sa.Column("id", TicketId("Photos", source=server), primary_key=True),
+        sa.Column("title", sa.String(200)),
+    )
+    try:
+        with engine.begin() as conn:
+            conn.execute(photos.insert(), [{"title": "a"}, {"title": "b"}])
+        with engine.connect() as conn:
+            assert sorted(conn.scalars(sa.select(photos.c.id))) == [4, 5]
+    finally:
+        server.dispose()
+        engine.dispose()
+
+
+@pytest.mark.parametrize(("offset", "expected"), [(1, range(1, 7, 2)), (2, range(2, 8, 2))])
+def test_postgresql_example_pair_ready(
+    offset: int, expected: range, make_database: Callable[[str], str]
+) -> None:
+    url = make_database("postgresql")
+    alembic("postgresql", "upgrade", "head", url=url, increment=2, offset=offset)
+    assert draw(url, "Photos", 3) == expected
+
+
+@pytest.fixture(scope="module")
+def flickr_pair(private_mariadb_factory: Callable[..., Any]) -> Iterator[tuple[Any, Any]]:
+    """Flickr's two ticket servers: auto_increment_increment=2, offsets 1 and 2 (my.cnf)."""
+    servers = [
+        private_mariadb_factory(
+            extra_args=["--auto-increment-increment=2", f"--auto-increment-offset={offset}"]
+        )
+        for offset in (1, 2)
+    ]
+    yield servers[0], servers[1]
+    for server in servers:
+        server.stop()
+
+
+def _new_database(server_url: str, name: str) -> str:
+    engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
+            conn.exec_driver_sql(f"CREATE DATABASE `{name}`")
+    finally:
+        engine.dispose()
+    return f"{server_url.rstrip('/')}/{name}"
+
+
+TICKET_TABLES = {"Tickets64", "Tickets32", "tickets__photos"}
+
+
+def test_flickr_pair_example(flickr_pair: tuple[Any, Any]) -> None:
+    urls = [_new_database(server.url, "tickets") for server in flickr_pair]
+    for offset, url in enumerate(urls, start=1):
+        alembic("mysql-flickr-two-servers", "upgrade", "head", url=url, offset=offset)
+        assert TICKET_TABLES <= table_names(url)
+
+    odd, even = urls
+    assert draw(odd, "Photos", 3) == range(1, 7, 2)
+    assert draw(even, "Photos", 3) == range(2, 8, 2)
+    # Flickr's own tables take the stride from the servers.
+    for bits in (64, 32):
+        assert draw(odd, None, 1, bits=bits) == range(1, 2)
+        assert draw(even, None, 1, bits=bits) == range(2, 3)
+        assert draw(odd, None, 3, bits=bits) == range(3, 9, 2)
+        assert draw(even, None, 3, bits=bits) == range(4, 10, 2)
+
+    # The pair, as the application sees it: each server checked against its position.
+    pair = TicketServers(urls)
+    try:
+        ids = [pair.next_id("Photos") for _ in range(4)]
+    finally:
+        pair.dispose()
+    assert len(set(ids)) == 4 and {i % 2 for i in ids} == {0, 1}
+
+    for url in urls:
+        alembic("mysql-flickr-two-servers", "downgrade", "base", url=url)
+        assert table_names(url) & TICKET_TABLES == set()
+    for offset, url in enumerate(urls, start=1):
+        alembic("mysql-flickr-two-servers", "upgrade", "head", url=url, offset=offset)
+    assert draw(odd, "Photos", 2) == range(1, 5, 2)
+    assert draw(even, None, 1) == range(2, 3)
+
+
+def test_flickr_pair_example_refuses_the_wrong_server(flickr_pair: tuple[Any, Any]) -> None:
+    url = _new_database(flickr_pair[0].url, "tickets_wrong")  # the odd server ...
+    with pytest.raises(StrideMismatchError, match="auto_increment_offset=1"):
+        alembic("mysql-flickr-two-servers", "upgrade", "head", url=url, offset=2)  # ... as even
+    assert table_names(url) & TICKET_TABLES == set()
+
+
+def _offline_sql(example: str, **x: Any) -> str:
+    argv = [sys.executable, "-m", "alembic", "-c", str(EXAMPLES / example / "alembic.ini")]
+    for key, value in x.items():
+        argv += ["-x", f"{key}={value}"]
+    result = subprocess.run(
+        [*argv, "upgrade", "head", "--sql"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _run_script(url: str, sql: str) -> None:
+    """Run an offline script the way a DBA would, statement by statement."""
+    statements = [
+        "\n".join(line for line in chunk.splitlines() if not line.startswith("--")).strip()
+        for chunk in re.split(r";[ \t]*\n", sql)
+    ]
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            dbapi = conn.connection.dbapi_connection
+            assert dbapi is not None
+            cursor = dbapi.cursor()
+            for statement in filter(None, statements):
+                cursor.execute(statement)
+                if cursor.description is not None:  # INSERT ... RETURNING
+                    cursor.fetchall()
+            dbapi.commit()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("backend", "example", "x"),
+    [
+        ("sqlite", "sqlite", {}),
+        ("postgresql", "sqlite", {}),
+        ("mysql", "sqlite", {}),
+        ("postgresql", "postgresql", {}),
+        ("postgresql", "postgresql", {"increment": 2, "offset": 2}),
+        ("sqlite", "postgresql", {"increment": 3, "offset": 1}),
+        ("mysql", "postgresql", {"increment": 2, "offset": 2}),
+        ("mysql", "mysql-flickr-two-servers", {"increment": 1, "offset": 1}),
+    ],
+)
+def test_offline_scripts_run(
+    backend: str, example: str, x: dict[str, int], make_database: Callable[[str], str]
+) -> None:
+    """The ``--sql`` output of the examples runs as is (``offset`` quoted for MariaDB too)."""
+    url = make_database(backend)
+    _run_script(url, _offline_sql(example, url=url, **x))
+    increment, offset = x.get("increment", 1), x.get("offset", 1)
+    assert draw(url, "Photos", 3) == range(offset, offset + 3 * increment, increment)
+    if example.startswith("mysql"):
+        assert draw(url, None, 1) == range(1, 2)
+        assert draw(url, None, 1, bits=32) == range(1, 2)
+
+
+# -- the operations ------------------------------------------------------------------------------
+
+
+def test_create_reverse_drop_round_trip(url: str) -> None:
+    create = CreateTicketTableOp("Photos", bits=32, start=5, increment=2, offset=1)
+    with operations(url) as op:
+        op.invoke(create)
+    assert "tickets__photos" in table_names(url)
+    assert draw(url, "Photos", 2, bits=32) == range(5, 9, 2)
+
+    drop = create.reverse()
+    assert isinstance(drop, DropTicketTableOp)
+    with operations(url) as op:
+        op.invoke(drop)
+    assert "tickets__photos" not in table_names(url)
+
+    with operations(url) as op:
+        op.invoke(drop.reverse())  # the create it came from, stride included
+    assert draw(url, "Photos", 2, bits=32) == range(5, 9, 2)
+
+    with operations(url) as op:
+        op.drop_ticket_table("Photos", bits=32)  # type: ignore[attr-defined]
+        op.create_ticket_table()  # type: ignore[attr-defined]  # Flickr's Tickets64
+    names = table_names(url)
+    assert "tickets__photos" not in names and "Tickets64" in names
+    assert draw(url, None, 1) == range(1, 2)
+    with operations(url) as op:
+        op.invoke(CreateTicketTableOp().reverse())
+    assert "Tickets64" not in table_names(url)
+
+
+def test_create_is_idempotent(url: str) -> None:
+    with operations(url) as op:
+        op.create_ticket_table("Photos")  # type: ignore[attr-defined]
+    assert draw(url, "Photos", 2) == range(1, 3)
+    with operations(url) as op:
+        op.create_ticket_table("Photos")  # type: ignore[attr-defined]  # existing table kept
+    assert draw(url, "Photos", 1) == range(3, 4)
+
+
+@pytest.mark.parametrize(
+    ("start", "increment", "offset", "first"),
+    [
+        (1, 1, 1, 1),
+        (10, 3, 2, 11),
+        (10, 3, 1, 10),
+        (11, 3, 2, 11),
+        (1, 2, 2, 2),
+        (7, 1, 1, 7),
+        (1, 10, 10, 10),
+        (2**31 - 3, 1, 1, 2**31 - 3),
+    ],
+)
+def test_first_id_is_the_smallest_at_or_after_start_in_the_servers_class(
+    url: str, start: int, increment: int, offset: int, first: int
+) -> None:
+    with operations(url) as op:
+        op.create_ticket_table(  # type: ignore[attr-defined]
+            "Photos", start=start, increment=increment, offset=offset
+        )
+        op.create_ticket_table(  # type: ignore[attr-defined]
+            "Small", bits=32, start=start, increment=increment, offset=offset
+        )
+    assert draw(url, "Photos", 3) == range(first, first + 3 * increment, increment)
+    assert draw(url, "Small", 1, bits=32) == range(first, first + 1)
+
+
+@pytest.mark.parametrize("bits", [64, 32])
+@pytest.mark.parametrize("start", [1, 100])
+def test_flickr_table_start(url: str, start: int, bits: int) -> None:
+    with operations(url) as op:
+        op.create_ticket_table(bits=bits, start=start)  # type: ignore[attr-defined]
+    assert draw(url, None, 1, bits=bits) == range(start, start + 1)
+    assert draw(url, None, 2, bits=bits) == range(start + 1, start + 3)
+
+
+def test_flickr_tables_of_both_widths_coexist(url: str) -> None:
+    with operations(url) as op:
+        op.create_ticket_table()  # type: ignore[attr-defined]
+        op.create_ticket_table(bits=32)  # type: ignore[attr-defined]
+    assert {"Tickets64", "Tickets32"} <= table_names(url)
+
+
+# -- bad input: refused with nothing written -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sequence", "kwargs"),
+    [
+        ("Photos", {"bits": 16}),
+        ("Photos", {"increment": 0}),
+        ("Photos", {"increment": 2, "offset": 3}),
+        ("Photos", {"start": 0}),
+        ("bad-name", {}),
+    ],
+)
+def test_bad_input_writes_nothing(url: str, sequence: str, kwargs: dict[str, int]) -> None:
+    before = table_names(url)
+    with pytest.raises(TicketsError), operations(url) as op:
+        op.create_ticket_table(sequence, **kwargs)  # type: ignore[attr-defined]
+    assert table_names(url) == before
+    assert not any(name.lower().startswith("tickets") for name in table_names(url))
+
+
+def test_flickr_stride_the_server_cannot_supply(url: str) -> None:
+    """SQLite and PostgreSQL have no server stride; MySQL's shared server runs at 1/1."""
+    with pytest.raises(TicketsError), operations(url) as op:
+        op.create_ticket_table(increment=2, offset=2)  # type: ignore[attr-defined]
+    assert "Tickets64" not in table_names(url)
+
+
+# -- autogenerate --------------------------------------------------------------------------------
+
+
+def app_metadata() -> sa.MetaData:
+    metadata = sa.MetaData()
+    sa.Table(
+        "photos",
+        metadata,
+        sa.Column("id", TicketId("Photos"), primary_key=True),
+        sa.Column("title", sa.String(200), nullable=False),
+    )
+    sa.Table(
+        "tags",
+        metadata,
+        sa.Column("id", TicketId("tags", bits=32), primary_key=True),
+        # A foreign key to a ticket id draws nothing: no ticket table for it.
+        sa.Column("owner_id", TicketId("owners"), sa.ForeignKey("photos.id")),
+    )
+    sa.Table("legacy", metadata, sa.Column("id", TicketId(), primary_key=True))
+    sa.Table("notes", metadata, sa.Column("id", TicketId("Photos"), primary_key=True))
+    return metadata
+
+
+def _autogenerate(url: str, metadata: sa.MetaData, **opts: Any) -> tuple[ops.MigrationScript, Any]:
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts=opts)
+            return produce_migrations(context, metadata), compare_metadata(context, metadata)
+    finally:
+        engine.dispose()
+
+
+def _ticket_ops(container: ops.OpContainer) -> list[ops.MigrateOperation]:
+    found: list[ops.MigrateOperation] = []
+    for op in container.ops:
+        if isinstance(op, ops.OpContainer):
+            found += _ticket_ops(op)
+        elif isinstance(op, (CreateTicketTableOp, DropTicketTableOp)) or (
+            isinstance(op, ops.DropTableOp) and op.table_name.lower().startswith("tickets")
+        ):
+            found.append(op)
+    return found
+
+
+def test_autogenerate_proposes_missing_ticket_tables(url: str) -> None:
+    script, diffs = _autogenerate(url, app_metadata())
+    assert script.upgrade_ops is not None and script.downgrade_ops is not None
+    created = [op for op in script.upgrade_ops.ops if isinstance(op, CreateTicketTableOp)]
+    assert sorted((op.table_name, op.bits) for op in created) == [
+        ("Tickets64", 64),
+        ("tickets__photos", 64),
+        ("tickets__tags", 32),
+    ]
+    code = render_python_code(script.upgrade_ops)
+    for line in (
+        "op.create_ticket_table('photos')",
+        "op.create_ticket_table('tags', bits=32)",
+        "op.create_ticket_table()",
+    ):
+        assert line in code
+    assert "_ticket_table('owners'" not in code
+    downgrade = render_python_code(script.downgrade_ops)
+    assert "op.drop_ticket_table('photos')" in downgrade
+    assert "op.drop_ticket_table('tags', bits=32)" in downgrade
+    assert [d[0] for d in diffs].count("add_ticket_table") == 3
+
+
+def test_autogenerate_is_quiet_once_the_tables_exist(url: str) -> None:
+    metadata = app_metadata()
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        metadata.create_all(engine)
+    finally:
+        engine.dispose()
+    server = TicketServer(url)
+    try:
+        server.create("photos")
+        server.create("tags", bits=32)
+        server.create(None)  # Tickets64: "Tickets64" on PostgreSQL, quoted, exactly as reported
+    finally:
+        server.dispose()
+
+    script, diffs = _autogenerate(url, metadata)
+    assert script.upgrade_ops is not None
+    assert _ticket_ops(script.upgrade_ops) == []
+    assert diffs == []
+
+    # Metadata without the models: the app tables would be dropped, the ticket tables never.
+    script, _ = _autogenerate(url, sa.MetaData())
+    assert script.upgrade_ops is not None
+    dropped = {op.table_name for op in script.upgrade_ops.ops if isinstance(op, ops.DropTableOp)}
+    assert dropped == {"photos", "tags", "legacy", "notes"}
+
+    # include_object alone (the comparator switched off) hides them too.
+    script, _ = _autogenerate(
+        url, sa.MetaData(), include_object=include_object, sqlalchemy_tickets_autogenerate=False
+    )
+    assert script.upgrade_ops is not None
+    dropped = {op.table_name for op in script.upgrade_ops.ops if isinstance(op, ops.DropTableOp)}
+    assert dropped == {"photos", "tags", "legacy", "notes"}
+    # ... and without either, Alembic would drop them (which is why both exist).
+    script, _ = _autogenerate(url, sa.MetaData(), sqlalchemy_tickets_autogenerate=False)
+    assert script.upgrade_ops is not None
+    dropped = {op.table_name for op in script.upgrade_ops.ops if isinstance(op, ops.DropTableOp)}
+    assert {"tickets__photos", "tickets__tags"} <= dropped
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_revision_autogenerate_end_to_end(
+    backend: str, make_database: Callable[[str], str], tmp_path: Path
+) -> None:
+    """``alembic revision --autogenerate`` writes a script that creates the ticket table."""
+    project = tmp_path / backend
+    shutil.copytree(EXAMPLES / backend, project, ignore=shutil.ignore_patterns("__pycache__"))
+    for revision in (project / "versions").glob("*.py"):
+        revision.unlink()
+    url = make_database(backend)
+    alembic(project, "revision", "--autogenerate", "-m", "initial", url=url)
+    (script,) = (project / "versions").glob("*.py")
+    text = script.read_text()
+    assert "import sqlalchemy_tickets.alembic" in text
+    assert "sqlalchemy_tickets.TicketId('photos')" in text  # hence the template's import
+    assert "\nimport sqlalchemy_tickets  #" in text
+    assert "op.create_ticket_table('photos')" in text
+    assert "op.drop_ticket_table('photos')" in text
+
+    alembic(project, "upgrade", "head", url=url)
+    assert draw(url, "Photos", 3) == range(1, 4)
+    # Up to date: a second autogenerate finds nothing to do.
+    alembic(project, "revision", "--autogenerate", "-m", "nothing", url=url)
+    (second,) = [p for p in (project / "versions").glob("*.py") if p != script]
+    assert "op." not in second.read_text().split("def upgrade")[1].split("def downgrade")[0]
