@@ -11,7 +11,11 @@ from sqlalchemy_tickets.dialects import backend_for
 from sqlalchemy_tickets.dialects.base import TableSpec
 from sqlalchemy_tickets.errors import TicketsError
 
-DIALECTS = {"postgresql": postgresql.dialect(), "mysql": mysql.dialect(), "sqlite": sqlite.dialect()}
+DIALECTS = {
+    "postgresql": postgresql.dialect(),
+    "mysql": mysql.dialect(),
+    "sqlite": sqlite.dialect(),
+}
 
 
 def _sql(name: str, statement: sa.sql.ClauseElement) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from sqlalchemy_tickets import TicketId, TicketServer, TicketServers, TicketsError, configure
+from sqlalchemy_tickets import TicketId, TicketsError, TicketServer, TicketServers, configure
 from sqlalchemy_tickets._naming import check_stride, first_id, ticket_table
 
 
