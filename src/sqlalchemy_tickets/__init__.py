@@ -15,7 +15,7 @@ from .errors import (
     TicketServerUnavailable,
     UnknownSequenceError,
 )
-from .sources import TicketServer, TicketServers, TicketSource, configure
+from .sources import CachedSource, TicketServer, TicketServers, TicketSource, configure
 from .types import TicketId
 
 try:
@@ -24,6 +24,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
+    "CachedSource",
     "ExhaustedError",
     "StrideMismatchError",
     "TicketId",

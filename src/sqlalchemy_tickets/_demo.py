@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from .sources.default import embedded_source
+from .sources.server import TicketServer
 from .types import TicketId
 
 
@@ -26,15 +27,17 @@ def run_demo(path: Path) -> int:
     engine = sa.create_engine(f"sqlite:///{path}")
     _Base.metadata.create_all(engine)
     tickets = embedded_source(engine)
+    server = tickets.source
+    assert isinstance(server, TicketServer)
     print(f"Application database:             {path}")
-    print(f"Ticket tables (embedded default): {tickets.url.database}")
+    print(f"Ticket tables (embedded default): {server.url.database}")
     print()
     print("  class Photo(Base):")
     print('      id: Mapped[int] = mapped_column(TicketId("Photos"), primary_key=True)')
     print()
 
     def trips() -> int:
-        return tickets.stats()["round_trips"]
+        return int(tickets.stats()["round_trips"])
 
     with Session(engine) as session:
         before = trips()
@@ -61,10 +64,11 @@ def run_demo(path: Path) -> int:
 
     before = trips()
     with engine.begin() as conn:
+        newest = conn.scalar(sa.select(sa.func.max(Photo.id)))
         conn.execute(sa.insert(Photo), [{"title": f"bulk #{i}"} for i in range(1000)])
     with Session(engine) as session:
         bulk = session.scalars(
-            sa.select(Photo.id).where(Photo.title.like("bulk #%")).order_by(Photo.id)
+            sa.select(Photo.id).where(Photo.id > newest).order_by(Photo.id)
         ).all()
         total = session.scalar(sa.select(sa.func.count()).select_from(Photo))
     print(f"Core executemany of 1000 rows   -> ids {bulk[0]}..{bulk[-1]} "
@@ -73,7 +77,9 @@ def run_demo(path: Path) -> int:
     stats = tickets.stats()
     print(f"{total} photos in {path.name}; {stats['issued']} ids issued in "
           f"{stats['round_trips']} ticket round trips this run.")
-    print("Run it again: the Photos sequence carries on where it stopped.")
-    tickets.dispose()
+    burned = tickets.close()
+    print(f"Closing the cache gave up the {burned} ids it held ready (the price of a restart).")
+    print("Run it again: the Photos sequence carries on above them.")
+    server.dispose()
     engine.dispose()
     return 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import socket
 import threading
 import time
@@ -77,3 +78,13 @@ def _shutdown(fd: int) -> None:
 
 
 watchdog = Watchdog()
+
+
+def _after_fork_in_child() -> None:
+    # The watching thread did not survive the fork; the next arm() starts a new one.
+    watchdog._lock = threading.Lock()
+    watchdog._armed = {}
+    watchdog._thread = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -17,7 +17,14 @@ class TicketsError(ValueError):
 
 
 class ExhaustedError(TicketsError):
-    """A sequence cannot issue the ids asked for without passing its bit width."""
+    """A sequence cannot issue the ids asked for without passing its bit width.
+
+    ``remaining`` is how many ids the sequence can still issue, when the source knows it.
+    """
+
+    def __init__(self, message: str, *, remaining: int | None = None) -> None:
+        super().__init__(message)
+        self.remaining = remaining
 
 
 class StrideMismatchError(TicketsError):

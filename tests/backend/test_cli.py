@@ -24,7 +24,8 @@ def test_demo_runs_on_sqlite_in_the_current_directory(tmp_path: Path) -> None:
     first = run("demo", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert "flush                           -> ids [1, 2, 3, 4, 5]" in first.stdout
-    assert "(1 round trip(s))" in first.stdout
+    assert "second flush, same transaction  -> ids [6, 7, 8]" in first.stdout
+    assert "Core executemany of 1000 rows   -> ids 10..1009" in first.stdout
     assert (tmp_path / "tickets-demo.db").exists()
     assert (tmp_path / "tickets-demo.db-tickets").exists()
     second = run("demo", cwd=tmp_path)

@@ -263,5 +263,5 @@ def test_sqlite_embedded_tickets_live_in_a_sibling_file(tmp_path: Path) -> None:
     from sqlalchemy_tickets.sources.default import embedded_source
 
     engine = sa.create_engine(f"sqlite:///{tmp_path / 'app.db'}")
-    assert embedded_source(engine).url.database == str(tmp_path / "app.db-tickets")
+    assert embedded_source(engine).source.url.database  # type: ignore[attr-defined] == str(tmp_path / "app.db-tickets")
     engine.dispose()

@@ -41,7 +41,8 @@ def engine(database_url: str) -> Iterator[sa.Engine]:
     engine = sa.create_engine(database_url)
     Base.metadata.create_all(engine)
     yield engine
-    embedded_source(engine).dispose()
+    embedded_source(engine).close()
+    embedded_source(engine).source.dispose()
     engine.dispose()
 
 
@@ -156,7 +157,7 @@ def test_flickr_table_by_default(engine: sa.Engine) -> None:
         assert len({r.id for r in rows}) == 3
     assert sa.inspect(engine).has_table("photos")
     tickets = embedded_source(engine)
-    assert tickets.describe(None) is not None
+    assert tickets.source.describe(None) is not None  # type: ignore[attr-defined]
 
 
 def test_sequences_are_case_insensitive_and_separate(database_url: str) -> None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from .base import TicketSource
+from .cache import CachedSource
 from .default import configure
 from .server import TicketServer
 from .servers import TicketServers
 
-__all__ = ["TicketServer", "TicketServers", "TicketSource", "configure"]
+__all__ = ["CachedSource", "TicketServer", "TicketServers", "TicketSource", "configure"]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import weakref
 from typing import Any
 
 import sqlalchemy as sa
@@ -42,6 +44,19 @@ def _to_url(bind: str | URL | Engine) -> URL:
             f"invalid database URL {bind!r}: expected e.g. "
             "'postgresql+psycopg://user@host/db' or 'mysql+pymysql://user@host/db'"
         ) from error
+
+
+_servers: weakref.WeakSet[TicketServer] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # A child must not share its parent's sockets; close=False leaves them to the parent.
+    for server in list(_servers):
+        server.engine.dispose(close=False)
+        server._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class TicketServer:
@@ -100,6 +115,7 @@ class TicketServer:
         self._known: dict[TicketTable, TableInfo] = {}
         self._issued = 0
         self._round_trips = 0
+        _servers.add(self)
 
     def __repr__(self) -> str:
         return f"TicketServer({self.url.render_as_string()!r})"
@@ -183,6 +199,7 @@ class TicketServer:
         twin._lock = threading.Lock()
         twin._known = {}
         twin._issued = twin._round_trips = 0
+        _servers.add(twin)
         return twin
 
     # -- internals ----------------------------------------------------------------------------
@@ -232,7 +249,8 @@ class TicketServer:
         raise ExhaustedError(
             f"sequence {table.label} on {self} cannot issue {count} more id(s): "
             f"{left} left below {table.max_id} (the {table.bits}-bit limit); move it to a "
-            "64-bit sequence or a new sequence before it runs out"
+            "64-bit sequence or a new sequence before it runs out",
+            remaining=left,
         )
 
     def _take(self, cursor: Any, table: TicketTable, count: int, increment: int) -> int | None:

@@ -1,0 +1,463 @@
+"""HubSpot-style caching of ticket ids: blocks taken ahead of need, refilled in the background.
+
+Each (sequence, bits) has a *lane*. A lane holds the ids it was given as blocks (``range``s): a
+queue of blocks taken ahead, the rest of the block being handed out, and a short ``deque`` of
+ready ids. ``next_id`` pops from that deque and nothing else — ``deque.popleft`` is atomic, so the
+hot path takes no lock and makes no call beyond it. Every few ids (a *chunk*) the slow path
+refills the deque under the lane's lock; that is where the rate is measured, and where a
+background refill starts when the ids in hand fall under the low-water mark.
+
+Sizing follows VTickets: an exponentially weighted request rate (rising at once on a spike,
+decaying over ``window`` seconds after it) times ``supply`` seconds gives the block size, bounded
+by ``min_block``/``max_block`` and by the waste budget — the most ids a restart may burn. The
+low-water mark is half a block, and never less than four refill latencies of ids: so a refill
+is asked for while half a block is still in hand (a double buffer), and arrives long before the
+lane runs dry.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._naming import check_bits, max_id, normalize_sequence
+from ..errors import ExhaustedError, TicketServerUnavailable, TicketsError
+from .base import TicketSource, check_count
+
+logger = logging.getLogger("sqlalchemy_tickets")
+
+#: Shortest interval, in seconds, over which the request rate is measured.
+RATE_INTERVAL = 0.1
+
+#: Most ids moved to a lane's ready deque at once: bounds the work under the lock and the
+#: staleness of the rate estimate.
+MAX_CHUNK = 4096
+
+
+@dataclass(eq=False)
+class _Lane:
+    """The cache of one (sequence, bits). Everything but ``ready`` is guarded by ``lock``."""
+
+    sequence: str | None
+    bits: int
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    ready: deque[int] = field(default_factory=deque)
+    rest: range = range(0)
+    ahead: deque[range] = field(default_factory=deque)
+    refilling: bool = False
+    wanted: int = 0  # ids a caller of next_block is short of: the next refill includes them
+    error: BaseException | None = None
+    failures: int = 0
+    # Counters.
+    moved: int = 0  # ids moved into ``ready``
+    carved: int = 0  # ids handed out through next_block
+    round_trips: int = 0
+    blocking_waits: int = 0
+    refills: int = 0
+    burned: int = 0
+    # Estimates.
+    rate: float = 0.0  # ids per second, EWMA
+    latency: float = 0.0  # seconds per refill, EWMA
+    block_size: int = 0
+    rate_time: float = 0.0
+    rate_count: int = 0
+    last_issued: int = 0
+    changed: threading.Condition = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.changed = threading.Condition(self.lock)
+
+    @property
+    def issued(self) -> int:
+        return self.moved - len(self.ready) + self.carved
+
+    @property
+    def in_hand(self) -> int:
+        return len(self.ready) + len(self.rest) + sum(len(b) for b in self.ahead)
+
+
+class CachedSource:
+    """A cache in front of any ticket source (a server, servers, or another cache).
+
+    Args:
+        source: where blocks come from (``next_block`` is called in background threads).
+        min_block: smallest block asked for.
+        max_block: largest block asked for.
+        supply: seconds of ids, at the recent rate, that one block should last.
+        window: seconds over which the rate estimate forgets a spike (HubSpot: 15 minutes).
+        waste_budget: the most ids held at once, i.e. the most a restart can burn: an ``int``
+            (ids), or a ``float`` in (0, 1) (a share of what is left of the sequence's id space).
+        timeout: seconds a caller may wait when the cache is empty before
+            :class:`TicketServerUnavailable` is raised.
+        backoff: first pause after a failed refill, doubling up to ``max_backoff``.
+        clock: monotonic clock (a parameter so tests can drive the rate estimate).
+        max_workers: refill threads (refills of one lane never overlap).
+    """
+
+    def __init__(
+        self,
+        source: TicketSource,
+        *,
+        min_block: int = 16,
+        max_block: int = 100_000,
+        supply: float = 30.0,
+        window: float = 900.0,
+        waste_budget: int | float = 0.001,
+        timeout: float = 2.0,
+        backoff: float = 0.1,
+        max_backoff: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        max_workers: int = 4,
+    ) -> None:
+        if not isinstance(source, TicketSource):
+            raise TicketsError(f"{source!r} is not a ticket source (needs next_id, next_block)")
+        check_count(min_block)
+        check_count(max_block)
+        if min_block > max_block:
+            raise TicketsError(f"min_block ({min_block}) must not exceed max_block ({max_block})")
+        if not supply > 0 or not window > 0 or not timeout > 0:
+            raise TicketsError("supply, window and timeout must be positive numbers of seconds")
+        if isinstance(waste_budget, bool) or not (
+            (isinstance(waste_budget, int) and waste_budget >= 2)
+            or (isinstance(waste_budget, float) and 0 < waste_budget < 1)
+        ):
+            raise TicketsError(
+                f"waste_budget must be an int >= 2 (ids) or a float in (0, 1) (a share of the "
+                f"id space left), not {waste_budget!r}"
+            )
+        self.source = source
+        self.min_block = min_block
+        self.max_block = max_block
+        self.supply = float(supply)
+        self.window = float(window)
+        self.waste_budget = waste_budget
+        self.timeout = float(timeout)
+        self.backoff = float(backoff)
+        self.max_backoff = float(max_backoff)
+        self._clock = clock
+        self._lanes: dict[tuple[str | None, int], _Lane] = {}
+        # The hot path: each lane's ``ready.popleft``, bound once, keyed as callers spell it.
+        self._pop: dict[tuple[str | None, int], Callable[[], int]] = {}
+        self._lanes_lock = threading.Lock()
+        self._closed = threading.Event()
+        self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="tickets-refill")
+        _open_caches.add(self)
+
+    def __repr__(self) -> str:
+        return f"CachedSource({self.source!r})"
+
+    # -- the source protocol ------------------------------------------------------------------
+
+    def next_id(self, sequence: str | None = None, *, bits: int = 64) -> int:
+        """One id, from memory unless the cache is empty."""
+        try:
+            return self._pop[sequence, bits]()
+        except (KeyError, IndexError):
+            return self._next_id_slow(sequence, bits)
+
+    def next_block(self, sequence: str | None, count: int, *, bits: int = 64) -> range:
+        """Up to ``count`` consecutive ids (fewer if the block in hand has fewer; never none)."""
+        check_count(count)
+        lane = self._lane(sequence, bits)
+        with lane.lock:
+            shortfall = count - lane.in_hand
+            if shortfall > 0:
+                # A large flush or executemany: size the next refill for what it still needs,
+                # rather than wait on refills sized for single ids. Refills stay one at a time,
+                # so the lane's ids keep their order.
+                lane.wanted = max(lane.wanted, shortfall)
+            while True:
+                if lane.rest or lane.ahead:
+                    if not lane.rest:
+                        lane.rest = lane.ahead.popleft()
+                    taken = lane.rest[:count]
+                    lane.rest = lane.rest[count:]
+                    lane.carved += len(taken)
+                    lane.last_issued = max(lane.last_issued, taken[-1])
+                    self._observe(lane)
+                    return taken
+                self._wait_for_ids(lane)
+
+    # -- management ---------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and estimates, in total and per sequence (keyed ``name/bits``)."""
+        per: dict[str, dict[str, Any]] = {}
+        with self._lanes_lock:
+            lanes = {id(lane): lane for lane in self._lanes.values()}.values()
+        for lane in lanes:
+            with lane.lock:
+                per[f"{lane.sequence or 'Tickets'}/{lane.bits}"] = {
+                    "issued": lane.issued,
+                    "round_trips": lane.round_trips,
+                    "blocking_waits": lane.blocking_waits,
+                    "refills": lane.refills,
+                    "block_size": lane.block_size,
+                    "in_hand": lane.in_hand,
+                    "rate": lane.rate,
+                    "refill_latency": lane.latency,
+                    "burned": lane.burned,
+                    "failures": lane.failures,
+                }
+        total: dict[str, Any] = {
+            key: sum(s[key] for s in per.values())
+            for key in ("issued", "round_trips", "blocking_waits", "refills", "in_hand", "burned")
+        }
+        total["rate"] = sum(s["rate"] for s in per.values())
+        total["block_size"] = max((s["block_size"] for s in per.values()), default=0)
+        total["sequences"] = per
+        return total
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no refill is in flight (for tests and orderly shutdowns)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lanes_lock:
+            lanes = list({id(lane): lane for lane in self._lanes.values()}.values())
+        for lane in lanes:
+            with lane.lock:
+                while lane.refilling:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    lane.changed.wait(left)
+        return True
+
+    def close(self) -> int:
+        """Stop refilling and give up the ids in hand; returns (and logs) how many were burned."""
+        if self._closed.is_set():
+            return 0
+        self._closed.set()
+        # A block still on its way is burned too: let it land so it is counted.
+        self.wait_idle(self.timeout)
+        burned = 0
+        with self._lanes_lock:
+            lanes = list({id(lane): lane for lane in self._lanes.values()}.values())
+        for lane in lanes:
+            with lane.lock:
+                lost = lane.in_hand
+                lane.ready.clear()
+                lane.rest = range(0)
+                lane.ahead.clear()
+                lane.burned += lost
+                burned += lost
+                lane.changed.notify_all()
+            if lost:
+                logger.info(
+                    "closing cache of %s/%d: %d ids burned", lane.sequence, lane.bits, lost
+                )
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        _open_caches.discard(self)
+        return burned
+
+    def _reset_after_fork(self) -> None:
+        self._lanes = {}
+        self._pop = {}
+        self._lanes_lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(
+            self._executor._max_workers, thread_name_prefix="tickets-refill"
+        )
+
+    def __enter__(self) -> CachedSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _lane(self, sequence: str | None, bits: int) -> _Lane:
+        lane = self._lanes.get((sequence, bits))
+        if lane is None:
+            check_bits(bits)
+            name = normalize_sequence(sequence)
+            with self._lanes_lock:
+                lane = self._lanes.get((name, bits))
+                if lane is None:
+                    lane = _Lane(name, bits, rate_time=self._clock())
+                    self._lanes[name, bits] = lane
+                # The caller's spelling maps to the same lane: "Photos" and "photos" are one.
+                self._lanes[sequence, bits] = lane
+                self._pop[sequence, bits] = lane.ready.popleft
+        return lane
+
+    def _next_id_slow(self, sequence: str | None, bits: int) -> int:
+        lane = self._lane(sequence, bits)
+        with lane.lock:
+            while True:
+                try:
+                    return lane.ready.popleft()
+                except IndexError:
+                    pass
+                if not lane.rest and lane.ahead:
+                    lane.rest = lane.ahead.popleft()
+                if lane.rest:
+                    chunk = lane.rest[: self._chunk(lane)]
+                    lane.rest = lane.rest[len(chunk) :]
+                    lane.ready.extend(chunk)
+                    lane.moved += len(chunk)
+                    lane.last_issued = max(lane.last_issued, chunk[-1])
+                    self._observe(lane)
+                    continue
+                self._wait_for_ids(lane)
+
+    def _chunk(self, lane: _Lane) -> int:
+        """Ids to move to the ready deque at once: small enough that the low-water check, made
+        once per chunk, sees the lane cross its mark in time."""
+        return max(1, min(MAX_CHUNK, self._low_water(lane) // 4))
+
+    def _wait_for_ids(self, lane: _Lane) -> None:
+        """The lane is empty: wait (with its lock held by the caller) for a refill."""
+        if self._closed.is_set():
+            raise TicketsError(f"{self!r} is closed")
+        lane.blocking_waits += 1
+        deadline = time.monotonic() + self.timeout
+        if lane.error is not None and not lane.refilling:
+            lane.error = None
+        self._start_refill(lane)
+        while not (lane.rest or lane.ahead):
+            if isinstance(lane.error, ExhaustedError):
+                raise lane.error
+            left = deadline - time.monotonic()
+            if left <= 0 or self._closed.is_set():
+                reason = f": {lane.error}" if lane.error is not None else ""
+                raise TicketServerUnavailable(
+                    f"no ids for {lane.sequence or 'Tickets'}/{lane.bits} within "
+                    f"{self.timeout:g} s: the cache is empty and no upstream answered{reason}"
+                )
+            lane.changed.wait(left)
+
+    def _observe(self, lane: _Lane) -> None:
+        """Update the rate estimate; start a refill if the lane is under its low-water mark."""
+        now = self._clock()
+        elapsed = now - lane.rate_time
+        # Shorter intervals measure noise: a few ids a microsecond apart are not a rate.
+        if elapsed >= RATE_INTERVAL:
+            issued = lane.issued
+            rate = (issued - lane.rate_count) / elapsed
+            if rate > lane.rate:
+                lane.rate = rate  # grow at once on a spike...
+            else:  # ...and forget it slowly.
+                lane.rate += (rate - lane.rate) * (1 - math.exp(-elapsed / self.window))
+            lane.rate_time = now
+            lane.rate_count = issued
+        if lane.in_hand < self._low_water(lane):
+            self._start_refill(lane)
+
+    def _low_water(self, lane: _Lane) -> int:
+        size = lane.block_size or self.min_block
+        return max(size // 2, math.ceil(lane.rate * lane.latency * 4), 1)
+
+    def _size(self, lane: _Lane) -> int:
+        """The next block to ask for (with the lane's lock held)."""
+        size = min(self.max_block, max(self.min_block, math.ceil(lane.rate * self.supply)))
+        budget = self.waste_budget
+        if isinstance(budget, float):
+            budget = max(2, int((max_id(lane.bits) - lane.last_issued) * budget))
+        # Half the budget per block: with the block in hand, a refill doubles what is held.
+        return max(1, min(size, budget // 2))
+
+    def _start_refill(self, lane: _Lane) -> None:
+        if lane.refilling or self._closed.is_set():
+            return
+        lane.refilling = True
+        lane.block_size = self._size(lane)
+        size = max(lane.block_size, lane.wanted)
+        lane.wanted = 0
+        try:
+            self._executor.submit(self._refill, lane, size)
+        except RuntimeError:  # the executor was shut down by close()
+            lane.refilling = False
+
+    def _refill(self, lane: _Lane, size: int) -> None:
+        """Take one block from upstream (in a refill thread), retrying with back-off."""
+        try:
+            self._take_block(lane, size)
+        finally:
+            with lane.lock:
+                if self._closed.is_set() and lane.refilling:
+                    lane.refilling = False
+                    lane.changed.notify_all()
+
+    def _take_block(self, lane: _Lane, size: int) -> None:
+        pause = self.backoff
+        while not self._closed.is_set():
+            started = time.monotonic()
+            try:
+                block = self.source.next_block(lane.sequence, size, bits=lane.bits)
+            except ExhaustedError as error:
+                remaining = getattr(error, "remaining", None)
+                if remaining and remaining < size:
+                    size = remaining  # the sequence's last ids, exactly
+                    continue
+                self._failed(lane, error, final=True)
+                return
+            except TicketsError as error:
+                self._failed(lane, error, final=False)
+                if self._closed.wait(pause):
+                    return
+                pause = min(self.max_backoff, pause * 2)
+                continue
+            except BaseException as error:  # a bug upstream must not leave the lane stuck
+                self._failed(lane, error, final=True)
+                raise
+            took = time.monotonic() - started
+            with lane.lock:
+                lane.ahead.append(block)
+                lane.round_trips += 1
+                lane.refills += 1
+                lane.latency = took if not lane.latency else 0.8 * lane.latency + 0.2 * took
+                if lane.failures:
+                    logger.info("refills of %s/%d work again", lane.sequence, lane.bits)
+                lane.failures = 0
+                lane.error = None
+                lane.refilling = False
+                logger.debug(
+                    "refilled %s/%d with %d ids in %.1f ms (rate %.0f/s)",
+                    lane.sequence, lane.bits, len(block), took * 1000, lane.rate,
+                )
+                lane.changed.notify_all()
+                # A short block (a tier above gave fewer) or a jump in rate: ask again.
+                if lane.in_hand < self._low_water(lane):
+                    self._start_refill(lane)
+            return
+
+    def _failed(self, lane: _Lane, error: BaseException, *, final: bool) -> None:
+        with lane.lock:
+            lane.error = error
+            lane.failures += 1
+            if final:
+                lane.refilling = False
+            lane.changed.notify_all()
+        log = logger.error if final else logger.warning
+        log("refill of %s/%d failed (%d in a row): %s", lane.sequence, lane.bits,
+            lane.failures, error)
+
+
+# Caches still open at interpreter exit give up their ids and say how many.
+_open_caches: weakref.WeakSet[CachedSource] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    """After fork, a child holding its parent's ids would issue them a second time: drop them,
+    with every lock and thread, which did not survive the fork anyway."""
+    for cache in list(_open_caches):
+        cache._reset_after_fork()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+@atexit.register
+def _close_all() -> None:
+    for cache in list(_open_caches):
+        cache.close()
