@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._naming import check_bits, max_id, normalize_sequence
-from ..errors import ExhaustedError, TicketServerUnavailable, TicketsError
+from ..errors import ExhaustedError, TicketsError, TicketServerUnavailable
 from .base import TicketSource, check_count
 
 logger = logging.getLogger("sqlalchemy_tickets")
