@@ -17,6 +17,7 @@ lane runs dry.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import math
@@ -164,6 +165,14 @@ class CachedSource:
             return self._pop[sequence, bits]()
         except (KeyError, IndexError):
             return self._next_id_slow(sequence, bits)
+
+    async def next_id_async(self, sequence: str | None = None, *, bits: int = 64) -> int:
+        """:meth:`next_id` for asyncio code: from memory, or awaited in a worker thread when the
+        cache is empty, so the event loop never waits on a round trip."""
+        try:
+            return self._pop[sequence, bits]()
+        except (KeyError, IndexError):
+            return await asyncio.to_thread(self._next_id_slow, sequence, bits)
 
     def next_block(self, sequence: str | None, count: int, *, bits: int = 64) -> range:
         """Up to ``count`` consecutive ids (fewer if the block in hand has fewer; never none)."""
@@ -355,16 +364,22 @@ class CachedSource:
 
     def _low_water(self, lane: _Lane) -> int:
         size = lane.block_size or self.min_block
-        return max(size // 2, math.ceil(lane.rate * lane.latency * 4), 1)
+        wanted = max(size // 2, math.ceil(lane.rate * lane.latency * 4), 1)
+        return min(wanted, max(1, self._budget(lane) // 2))
+
+    def _budget(self, lane: _Lane) -> int:
+        """The most ids the lane may hold at once."""
+        budget = self.waste_budget
+        if isinstance(budget, float):
+            return max(2, int((max_id(lane.bits) - lane.last_issued) * budget))
+        return budget
 
     def _size(self, lane: _Lane) -> int:
         """The next block to ask for (with the lane's lock held)."""
         size = min(self.max_block, max(self.min_block, math.ceil(lane.rate * self.supply)))
-        budget = self.waste_budget
-        if isinstance(budget, float):
-            budget = max(2, int((max_id(lane.bits) - lane.last_issued) * budget))
-        # Half the budget per block: with the block in hand, a refill doubles what is held.
-        return max(1, min(size, budget // 2))
+        # Refills start under the low-water mark (at most half the budget), so a block of half
+        # the budget keeps what is held within it.
+        return max(1, min(size, self._budget(lane) // 2))
 
     def _start_refill(self, lane: _Lane) -> None:
         if lane.refilling or self._closed.is_set():

@@ -1,0 +1,329 @@
+"""Prefixed string ids: ``post_01jd5m8w3k…`` — Stripe-style, time-ordered, URL-safe.
+
+An id is ``<prefix>_<26 characters>``. The 26 characters are 130 bits in the lowercase
+Crockford base32 alphabet ``0123456789abcdefghjkmnpqrstvwxyz`` (no ``i l o u``; digits sort
+before letters, so plain byte order is numeric order). The top two bits are zero, so the first
+character is ``0``–``7``. The width is fixed, so lexicographic order of ids is the order of
+their 128-bit values. Two layouts:
+
+``format="ulid"`` (default) — a ULID (https://github.com/ulid/spec), lowercase:
+    48-bit Unix milliseconds | 40-bit counter | 40 random bits.
+    Any ULID library reads the body (``ulid.ULID.from_str(body.upper())``).
+
+``format="typeid"`` — a TypeID (https://github.com/jetify-com/typeid, spec v0.3): the body is
+    the base32 of an RFC 9562 UUIDv7:
+    48-bit ms | ver 0111 | 12 bits of counter | var 10 | 27 bits of counter | 35 random bits.
+    ``typeid.TypeID.from_string(value)`` parses it and gives back the UUID.
+
+Within one generator, ids are strictly increasing — the RFC 9562 §6.2 "fixed-length dedicated
+counter" method: each new millisecond seeds the counter with random bits whose top bit is zero
+(so it cannot roll over in practice); later ids in that millisecond add one. If the clock steps
+back, the last millisecond is kept and the counter goes on, so order survives. Every id still
+carries fresh random bits (40 / 35), so knowing one id does not let anyone guess its neighbour.
+
+Randomness: ``secure=True`` (default) reads the operating system's CSPRNG (``os.urandom``) in
+4 KiB blocks; ``secure=False`` uses a ``random.Random`` seeded from ``os.urandom`` — a little
+faster, but its output can be predicted by someone who has seen enough ids, so use it only where
+ids are not secrets (every request is authorized anyway). Both are re-seeded in a forked child.
+
+Speed: the timestamp characters change once per millisecond and the counter's high characters
+once per 1,024 ids, so they are cached; per id the generator does one table lookup, one slice of
+pre-made random characters and two string concatenations under a lock.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Literal
+
+from ..errors import TicketsError
+
+__all__ = [
+    "ALPHABET",
+    "PrefixedIdGenerator",
+    "PrefixedParts",
+    "check_prefix",
+    "decode_base32",
+    "encode_base32",
+]
+
+ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+BODY_LENGTH = 26
+MAX_PREFIX_LENGTH = 63  # TypeID's limit
+FORMATS = ("ulid", "typeid")
+
+_PREFIX_RE = re.compile(r"[a-z](?:[a-z_]*[a-z])?\Z")
+_PAIRS = tuple(ALPHABET[i >> 5] + ALPHABET[i & 31] for i in range(1024))
+_TO_INT_DIGITS = str.maketrans(ALPHABET, "0123456789abcdefghijklmnopqrstuv")
+# bytes.translate table: a random byte becomes one base32 character (b & 31: uniform, 256 = 8*32).
+_BYTE_TO_CHAR = bytes.maketrans(bytes(range(256)), bytes(ord(ALPHABET[b & 31]) for b in range(256)))
+_RANDOM_BLOCK = 4096
+
+
+def check_prefix(prefix: object) -> str:
+    """Return ``prefix`` if it is a valid id prefix, else raise :class:`TicketsError`.
+
+    Valid: 1 to 63 lowercase ASCII letters and underscores, starting and ending with a letter
+    (TypeID's rule, so every prefix works in both formats).
+    """
+    if not isinstance(prefix, str):
+        raise TicketsError(f"an id prefix must be a string, not {type(prefix).__name__}")
+    if not prefix or len(prefix) > MAX_PREFIX_LENGTH or not _PREFIX_RE.match(prefix):
+        raise TicketsError(
+            f"invalid id prefix {prefix!r}: use 1 to {MAX_PREFIX_LENGTH} lowercase letters "
+            "a-z and underscores, starting and ending with a letter (e.g. 'post', 'user_key')"
+        )
+    return prefix
+
+
+def encode_base32(value: int, width: int = BODY_LENGTH) -> str:
+    """``value`` as exactly ``width`` characters of lowercase Crockford base32."""
+    if value < 0 or value >> (5 * width):
+        raise TicketsError(f"{value} does not fit in {width} base32 characters")
+    chars = []
+    for _ in range(width):
+        chars.append(ALPHABET[value & 31])
+        value >>= 5
+    return "".join(reversed(chars))
+
+
+def decode_base32(text: str) -> int:
+    """The integer of a lowercase Crockford base32 string (validate the characters first)."""
+    if not text or text.strip(ALPHABET):
+        raise TicketsError(f"{text!r} is not lowercase Crockford base32 ({ALPHABET})")
+    return int(text.translate(_TO_INT_DIGITS), 32)
+
+
+@dataclass(frozen=True)
+class PrefixedParts:
+    """What a prefixed id says about itself."""
+
+    prefix: str
+    #: Creation time (UTC, millisecond precision).
+    time: datetime
+    #: Unix milliseconds.
+    timestamp_ms: int
+    #: The 128-bit value of the body.
+    value: int
+
+    @property
+    def uuid(self) -> uuid.UUID:
+        """The body as a UUID (for ``format="typeid"`` this is the UUIDv7 it encodes)."""
+        return uuid.UUID(int=self.value)
+
+
+class _RandomText:
+    """Random base32 characters made in bulk: one ``os.urandom`` (or PRNG) call per 4 KiB."""
+
+    __slots__ = ("secure", "_rng")
+
+    def __init__(self, secure: bool) -> None:
+        self.secure = secure
+        self._rng = random.Random(os.urandom(32)) if not secure else None
+
+    def block(self) -> str:
+        raw = os.urandom(_RANDOM_BLOCK) if self._rng is None else self._rng.randbytes(_RANDOM_BLOCK)
+        return raw.translate(_BYTE_TO_CHAR).decode("ascii")
+
+    def bits(self, n: int) -> int:
+        if self._rng is None:
+            return int.from_bytes(os.urandom((n + 7) // 8), "big") >> (-n % 8)
+        return self._rng.getrandbits(n)
+
+    def reseed(self) -> None:
+        if self._rng is not None:
+            self._rng.seed(os.urandom(32))
+
+
+class PrefixedIdGenerator:
+    """Thread-safe generator of ``<prefix>_<body>`` ids; ``new_id()`` returns the next one.
+
+    Args:
+        prefix: see :func:`check_prefix`.
+        format: ``"ulid"`` (default) or ``"typeid"`` — see the module documentation.
+        secure: random bits from the OS CSPRNG (default) or a seeded PRNG (faster, guessable).
+        clock: nanoseconds since the Unix epoch (default ``time.time_ns``); tests inject one.
+
+    Generators are cheap; to keep one column's ids in one increasing sequence, share one
+    generator (the ``PrefixedId`` column type does, per prefix and format).
+    """
+
+    def __init__(
+        self,
+        prefix: str,
+        *,
+        format: Literal["ulid", "typeid"] = "ulid",
+        secure: bool = True,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.prefix = check_prefix(prefix)
+        if format not in FORMATS:
+            raise TicketsError(f"format must be one of {FORMATS}, not {format!r}")
+        self.format = format
+        self.secure = bool(secure)
+        self.clock = clock
+        self._random = _RandomText(self.secure)
+        self.new_id: Callable[[], str]
+        self._reinit: Callable[[], None]
+        self._build()
+        with _instances_lock:
+            _instances.add(self)
+
+    def _build(self) -> None:
+        clock = self.clock
+        head_prefix = self.prefix + "_"
+        pairs = _PAIRS
+        rand = self._random
+        typeid = self.format == "typeid"
+        # counter width and the number of random characters after it (26 = 10 + counter + random)
+        counter_bits, random_chars = (39, 7) if typeid else (40, 8)
+        counter_max = (1 << counter_bits) - 1
+        seed_bits = counter_bits - 1  # rollover guard: a new millisecond's counter starts below half
+        hi_chars = (45 if typeid else 40) // 5 - 2
+
+        def field(counter: int) -> int:
+            """The bits between the timestamp and the random tail, counter included."""
+            if typeid:
+                return (0b0111 << 41) | ((counter >> 27) << 29) | (0b10 << 27) | (counter & 0x7FFFFFF)
+            return counter
+
+        lock = threading.Lock()
+        last_ms = -1
+        counter = 0
+        hi_key = -1
+        ts_head = ""
+        head = ""
+        buf = rand.block()
+        pos = 0
+        limit = len(buf) - random_chars
+
+        def new_id() -> str:
+            nonlocal last_ms, counter, hi_key, ts_head, head, buf, pos
+            ms = clock() // 1_000_000
+            lock.acquire()
+            try:
+                if ms > last_ms:
+                    c = rand.bits(seed_bits)
+                else:
+                    c = counter + 1
+                    ms = last_ms
+                    if c > counter_max:  # 2**39 ids in one millisecond: borrow the next one
+                        ms += 1
+                        c = rand.bits(seed_bits)
+                if ms != last_ms:
+                    if ms >> 48:
+                        raise TicketsError(f"clock reads {ms} ms since 1970: beyond 48 bits")
+                    last_ms = ms
+                    ts_head = head_prefix + encode_base32(ms, 10)
+                    hi_key = -1
+                counter = c
+                if c >> 10 != hi_key:
+                    hi_key = c >> 10
+                    head = ts_head + encode_base32(field(c) >> 10, hi_chars)
+                p = pos
+                if p > limit:
+                    buf = rand.block()
+                    p = 0
+                pos = p + random_chars
+                return head + pairs[c & 1023] + buf[p : p + random_chars]
+            finally:
+                lock.release()
+
+        def reinit() -> None:
+            """In a forked child: a fresh lock and fresh random characters."""
+            nonlocal lock, buf, pos
+            lock = threading.Lock()
+            rand.reseed()
+            buf = rand.block()
+            pos = 0
+
+        self.new_id = new_id
+        self._reinit = reinit
+
+    def check(self, value: object) -> str:
+        """Return ``value`` if it is an id of this prefix and format, else raise TicketsError."""
+        return check_value(self.prefix, value)
+
+    def parse(self, value: str) -> PrefixedParts:
+        """Split an id of this generator's prefix into prefix, time and value."""
+        return parse(self.check(value))
+
+    def __repr__(self) -> str:
+        return f"PrefixedIdGenerator({self.prefix!r}, format={self.format!r})"
+
+
+def _pattern(prefix: str) -> re.Pattern[str]:
+    found = _patterns.get(prefix)
+    if found is None:
+        found = re.compile(re.escape(prefix) + r"_[0-7][" + ALPHABET + r"]{25}\Z")
+        with _instances_lock:
+            _patterns[prefix] = found
+    return found
+
+
+_patterns: dict[str, re.Pattern[str]] = {}
+
+
+def check_value(prefix: str, value: object) -> str:
+    """Return ``value`` if it is ``<prefix>_<26 base32 chars>``, else raise TicketsError."""
+    if not isinstance(value, str):
+        raise TicketsError(
+            f"a {prefix!r} id must be a string like {prefix}_01h…, not {type(value).__name__}"
+        )
+    if _pattern(prefix).match(value):
+        return value
+    other, sep, body = value.rpartition("_")
+    if sep and other != prefix and _PREFIX_RE.match(other or "-"):
+        raise TicketsError(
+            f"{value!r} is a {other!r} id, not a {prefix!r} id: an id of another kind was given "
+            f"where a {prefix}_… id belongs; nothing was written"
+        )
+    raise TicketsError(
+        f"{value!r} is not a {prefix!r} id: expected {prefix}_ followed by "
+        f"{BODY_LENGTH} lowercase base32 characters ({ALPHABET}), the first one 0-7"
+    )
+
+
+def parse(value: str) -> PrefixedParts:
+    """The prefix, creation time and 128-bit value of any prefixed id (either format)."""
+    prefix, sep, body = value.rpartition("_")
+    if not sep:
+        raise TicketsError(f"{value!r} has no prefix: expected <prefix>_<{BODY_LENGTH} chars>")
+    check_value(check_prefix(prefix), value)
+    number = decode_base32(body)
+    ms = number >> 80
+    return PrefixedParts(
+        prefix=prefix,
+        time=datetime.fromtimestamp(ms / 1000, tz=timezone.utc),
+        timestamp_ms=ms,
+        value=number,
+    )
+
+
+def from_uuid(prefix: str, value: uuid.UUID) -> str:
+    """The TypeID string of a UUID: ``<prefix>_<base32 of its 128 bits>``."""
+    return f"{check_prefix(prefix)}_{encode_base32(value.int)}"
+
+
+_instances: weakref.WeakSet[PrefixedIdGenerator] = weakref.WeakSet()
+_instances_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _instances_lock
+    _instances_lock = threading.Lock()  # a parent thread may have held it at fork time
+    for generator in list(_instances):
+        generator._reinit()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
