@@ -15,7 +15,9 @@ from .errors import (
     TicketServerUnavailable,
     UnknownSequenceError,
 )
+from .retry import CommitOutcomeUnknownError, async_retry_session, is_retryable, retry_session
 from .sources import CachedSource, TicketServer, TicketServers, TicketSource, configure
+from .timeouts import apply_timeouts
 from .types import TicketId
 
 try:
@@ -25,6 +27,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 
 __all__ = [
     "CachedSource",
+    "CommitOutcomeUnknownError",
     "ExhaustedError",
     "StrideMismatchError",
     "TicketId",
@@ -35,5 +38,9 @@ __all__ = [
     "TicketsError",
     "UnknownSequenceError",
     "__version__",
+    "apply_timeouts",
+    "async_retry_session",
     "configure",
+    "is_retryable",
+    "retry_session",
 ]

@@ -10,6 +10,7 @@ INSERT, the ORM sends one plain executemany, and a retried flush reuses the same
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import weakref
 from collections.abc import Callable, Hashable
@@ -20,6 +21,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Mapper, Session, UOWTransaction
 from sqlalchemy.sql.schema import ColumnDefault
+from sqlalchemy.util.concurrency import await_only, in_greenlet
 
 EngineGetter = Callable[[], Engine]
 
@@ -57,15 +59,15 @@ def _core_default(type_: AssignedIdType) -> Callable[[Any], Any]:
         connection: Connection = context.connection
         rows = len(context.compiled_parameters)
         if rows <= 1:
-            return type_.new_ids(lambda: connection.engine, 1)[0]
+            return _off_the_loop(type_.new_ids, lambda: connection.engine, 1)[0]
         pending: dict[object, Any] = context.__dict__.setdefault("_sqlalchemy_tickets", {})
         ids = pending.get(key)
         if ids is None:
-            ids = pending[key] = iter(type_.new_ids(lambda: connection.engine, rows))
+            ids = pending[key] = iter(_off_the_loop(type_.new_ids, lambda: connection.engine, rows))
         try:
             return next(ids)
         except StopIteration:
-            return type_.new_ids(lambda: connection.engine, 1)[0]
+            return _off_the_loop(type_.new_ids, lambda: connection.engine, 1)[0]
 
     return default
 
@@ -114,8 +116,17 @@ def _assign_ids(session: Session, flush_context: UOWTransaction, instances: Any)
                 entry = groups[group] = (type_, engine, [])
             entry[2].append((obj, key))
     for type_, engine, targets in groups.values():
-        for (obj, key), new_id in zip(targets, type_.new_ids(engine, len(targets)), strict=True):
+        new_ids = _off_the_loop(type_.new_ids, engine, len(targets))
+        for (obj, key), new_id in zip(targets, new_ids, strict=True):
             setattr(obj, key, new_id)
+
+
+def _off_the_loop(fn: Callable[..., list[Any]], *args: Any) -> list[Any]:
+    """Call ``fn``; under ``AsyncSession`` (a flush inside SQLAlchemy's greenlet), in a worker
+    thread awaited by the event loop, so a ticket round trip never blocks the loop."""
+    if in_greenlet():
+        return await_only(asyncio.to_thread(fn, *args))
+    return fn(*args)
 
 
 def _engine_getter(session: Session, mapper: Mapper[Any]) -> EngineGetter:

@@ -44,6 +44,12 @@ def register_backend(*names: str) -> Any:
     return decorate
 
 
+def loaded_backends() -> list[TicketBackend]:
+    """The backends imported so far (one instance each, whatever its number of names)."""
+    with _registry_lock:
+        return list({id(b): b for b in _registry.values()}.values())
+
+
 def backend_for(dialect_name: str) -> TicketBackend:
     """The backend for a SQLAlchemy dialect name (``"postgresql"``, ``"mysql"``, ...)."""
     backend = _registry.get(dialect_name)
@@ -126,9 +132,26 @@ class TicketBackend:
         """``create_engine`` keyword arguments for a ticket engine on ``url``."""
         return {}
 
+    #: The synchronous driver ticket engines use when the application's engine is async.
+    sync_drivername: ClassVar[str] = ""
+
     def embedded_url(self, app_url: URL) -> URL:
         """Where the embedded default keeps the ticket tables of an application database."""
         return app_url
+
+    def ticket_url(self, app_engine: Any) -> URL:
+        """The embedded default's URL for an application engine, on a synchronous driver."""
+        url = self.embedded_url(app_engine.url)
+        if app_engine.dialect.is_async:
+            url = url.set(drivername=self.sync_drivername)
+        return url
+
+    def connect_with_timeout(
+        self, dialect: Dialect, cargs: Any, cparams: dict[str, Any], seconds: float
+    ) -> Any:
+        """For an application engine: add the driver's own timeouts to ``cparams``, or return a
+        DBAPI connection whose round trips are bounded (``None``: connect as usual)."""
+        raise TicketsError(f"timeouts are not supported for {dialect.name}+{dialect.driver}")
 
     def socket_fd(self, dbapi_connection: Any) -> int | None:
         """The socket under a DBAPI connection, so a watchdog can cut a hung round trip short."""
@@ -220,6 +243,11 @@ class TicketBackend:
     def is_missing_table(self, error: BaseException) -> bool:
         """Whether a DBAPI error says the ticket table does not exist."""
         raise NotImplementedError
+
+    def is_retryable(self, error: BaseException) -> bool:
+        """Whether a DBAPI error of this backend's driver is one a retry can cure: a lost or
+        refused connection, a timeout, a deadlock, a serialization failure."""
+        return False
 
     # -- statement cache -----------------------------------------------------------------
 

@@ -21,12 +21,26 @@ from ..errors import StrideMismatchError
 from .base import TableInfo, TableSpec, TicketBackend, register_backend
 
 _NO_SUCH_TABLE = 1146
+#: 1205 lock wait timeout, 1213 deadlock, 1053 server shutdown, 1927 connection killed,
+#: 2003 cannot connect, 2006 server has gone away, 2013 lost connection during query,
+#: 4031 disconnected by the server for inactivity.
+_RETRYABLE_CODES = frozenset({1205, 1213, 1053, 1927, 2003, 2006, 2013, 4031})
 
 
 @register_backend("mysql", "mariadb")
 class MySQLBackend(TicketBackend):
     dialect_names = ("mysql", "mariadb")
     flickr_stride_from_server = True
+    sync_drivername = "mysql+pymysql"
+
+    def connect_with_timeout(
+        self, dialect: Dialect, cargs: Any, cparams: dict[str, Any], seconds: float
+    ) -> Any:
+        if dialect.driver != "pymysql":
+            return super().connect_with_timeout(dialect, cargs, cparams, seconds)
+        for key in ("connect_timeout", "read_timeout", "write_timeout"):
+            cparams.setdefault(key, seconds)
+        return None
 
     def engine_options(self, url: URL, timeout: float) -> dict[str, Any]:
         if url.get_driver_name() != "pymysql":
@@ -107,6 +121,12 @@ class MySQLBackend(TicketBackend):
         stmt = self.statement(dialect, table, "replace", _replace_into)
         stmt.execute(cursor)
         return int(cursor.lastrowid)
+
+    def is_retryable(self, error: BaseException) -> bool:
+        if not type(error).__module__.startswith("pymysql"):
+            return False
+        args: tuple[Any, ...] = getattr(error, "args", ())
+        return len(args) > 0 and args[0] in _RETRYABLE_CODES
 
     def is_missing_table(self, error: BaseException) -> bool:
         args: tuple[Any, ...] = getattr(error, "args", ())

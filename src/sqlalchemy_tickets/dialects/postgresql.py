@@ -11,14 +11,27 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, Dialect
 
 from .base import ReturningBackend, register_backend
+
+_RETRYABLE_STATES = frozenset({"40001", "40P01", "57014", "57P01", "57P02", "57P03"})
 
 
 @register_backend("postgresql")
 class PostgreSQLBackend(ReturningBackend):
     dialect_names = ("postgresql",)
+    sync_drivername = "postgresql+psycopg"
+
+    def connect_with_timeout(
+        self, dialect: Dialect, cargs: Any, cparams: dict[str, Any], seconds: float
+    ) -> Any:
+        if dialect.driver != "psycopg" or dialect.is_async:
+            return super().connect_with_timeout(dialect, cargs, cparams, seconds)
+        from ._psycopg_timed import timed_connect
+
+        cparams.setdefault("connect_timeout", max(2, math.ceil(seconds)))
+        return timed_connect(cargs, cparams, seconds)
 
     def engine_options(self, url: URL, timeout: float) -> dict[str, Any]:
         connect_args: dict[str, Any] = {"application_name": "sqlalchemy-tickets"}
@@ -33,6 +46,17 @@ class PostgreSQLBackend(ReturningBackend):
 
     def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
         return postgresql.insert(table).values(**row).on_conflict_do_nothing()
+
+    def is_retryable(self, error: BaseException) -> bool:
+        code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        if code is not None:
+            # 40001 serialization failure, 40P01 deadlock, 57014 statement timeout,
+            # 57P01-57P03 server shutting down / starting, 08xxx connection exceptions.
+            return code in _RETRYABLE_STATES or code.startswith("08")
+        # No SQLSTATE: the connection itself failed (closed, reset, cut by a timeout).
+        return type(error).__name__ in ("OperationalError", "InterfaceError") and (
+            type(error).__module__.startswith(("psycopg", "psycopg2"))
+        )
 
     def is_missing_table(self, error: BaseException) -> bool:
         code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)

@@ -11,7 +11,7 @@ import sqlite3
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, Dialect
 from sqlalchemy.pool import StaticPool
 
 from ..errors import TicketsError
@@ -27,6 +27,13 @@ def _is_memory(url: URL) -> bool:
 @register_backend("sqlite")
 class SQLiteBackend(ReturningBackend):
     dialect_names = ("sqlite",)
+    sync_drivername = "sqlite+pysqlite"
+
+    def connect_with_timeout(
+        self, dialect: Dialect, cargs: Any, cparams: dict[str, Any], seconds: float
+    ) -> Any:
+        cparams.setdefault("timeout", seconds)  # the busy timeout: a file has no network
+        return None
 
     def engine_options(self, url: URL, timeout: float) -> dict[str, Any]:
         if sqlite3.sqlite_version_info < (3, 35):
@@ -46,6 +53,10 @@ class SQLiteBackend(ReturningBackend):
 
     def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
         return sa.insert(table).values(**row).prefix_with("OR IGNORE")
+
+    def is_retryable(self, error: BaseException) -> bool:
+        # Another writer held the file past the busy timeout.
+        return isinstance(error, sqlite3.OperationalError) and "locked" in str(error)
 
     def is_missing_table(self, error: BaseException) -> bool:
         return isinstance(error, sqlite3.OperationalError) and "no such table" in str(error)

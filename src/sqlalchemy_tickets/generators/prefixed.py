@@ -187,13 +187,17 @@ class PrefixedIdGenerator:
         # counter width and the number of random characters after it (26 = 10 + counter + random)
         counter_bits, random_chars = (39, 7) if typeid else (40, 8)
         counter_max = (1 << counter_bits) - 1
-        seed_bits = counter_bits - 1  # rollover guard: a new millisecond's counter starts below half
+        seed_bits = (
+            counter_bits - 1
+        )  # rollover guard: a new millisecond's counter starts below half
         hi_chars = (45 if typeid else 40) // 5 - 2
 
         def field(counter: int) -> int:
             """The bits between the timestamp and the random tail, counter included."""
             if typeid:
-                return (0b0111 << 41) | ((counter >> 27) << 29) | (0b10 << 27) | (counter & 0x7FFFFFF)
+                return (
+                    (0b0111 << 41) | ((counter >> 27) << 29) | (0b10 << 27) | (counter & 0x7FFFFFF)
+                )
             return counter
 
         lock = threading.Lock()

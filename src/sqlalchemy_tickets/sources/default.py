@@ -57,7 +57,7 @@ def embedded_source(app_engine: Engine) -> CachedSource:
         with _lock:
             found = _embedded.get(app_engine)
             if found is None:
-                url = backend_for(app_engine.url.get_backend_name()).embedded_url(app_engine.url)
+                url = backend_for(app_engine.dialect.name).ticket_url(app_engine)
                 found = CachedSource(
                     TicketServer(url, pool_size=2), supply=10.0, max_block=10_000
                 )

@@ -1,0 +1,472 @@
+"""Snowflake worker ids leased from a database table, so no human hands them out.
+
+One row per (namespace, worker id) in ``tickets_worker_leases``::
+
+    namespace     VARCHAR(64)  ┐ primary key: one id space per namespace (one per Snowflake
+    worker_id     INTEGER      ┘ layout/epoch; generators sharing ids must share a namespace)
+    holder        VARCHAR(32)  random token of the process holding the id ('' when released)
+    owner         VARCHAR(200) host:pid of that process, for humans
+    expires_at    BIGINT       database clock, Unix ms: after it, anyone may take the id
+    issued_until  BIGINT       Unix ms: no id of this worker carries a later timestamp
+    acquired_at   BIGINT       database clock, Unix ms
+    renewed_at    BIGINT       database clock, Unix ms
+
+**Taking an id.** An expired row is taken with ``UPDATE … WHERE expires_at <= now()`` — one
+atomic compare-and-set on every backend, so of two racing processes exactly one gets it. When no
+row is free, the next id is inserted (the primary key settles races). Rows are never deleted:
+they keep ``issued_until``. Expiry is judged by the *database's* clock, the one clock all
+holders share.
+
+**Keeping it.** A heartbeat thread renews the lease every ``ttl / 3`` seconds. Each renewal
+first writes ``issued_until = (holder's clock) + ttl`` and only then lets the generator issue ids
+with timestamps up to that bound. A holder that cannot renew (database down, process paused)
+stops issuing when its own clock passes the bound, and a renewal that finds another holder's
+token says the lease was lost.
+
+**Why two processes never issue the same id.** A new holder of worker *w* reads ``issued_until``
+after the row changed hands (the row lock orders it after the old holder's last successful
+renewal) and issues only timestamps *above* it, while the old holder never issues above it. This
+holds whatever the clocks do. Clocks only decide liveness: a new holder whose clock is behind
+``issued_until`` by more than ``max_backward_ms`` refuses to issue (``TicketsError``): the worker
+id's own past is ahead of this machine's clock. A clean shutdown (``close()``, or ``atexit``)
+writes the real last timestamp and expires the row at once, so the id is free again at once.
+
+``lease_table()`` gives the Core ``Table`` (for Alembic: ``op.create_table`` of its columns, or
+``lease_table(target_metadata)``); ``lease_table_statements()`` gives the DDL.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import secrets
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+
+from ..dialects import backend_for
+from ..errors import TicketsError
+
+__all__ = [
+    "DEFAULT_LEASE_TABLE",
+    "LeaseGrant",
+    "LeaseRow",
+    "WorkerLease",
+    "create_lease_table",
+    "db_now_ms",
+    "drop_lease_table_statements",
+    "lease_table",
+    "lease_table_statements",
+]
+
+log = logging.getLogger("sqlalchemy_tickets")
+
+DEFAULT_LEASE_TABLE = "tickets_worker_leases"
+DEFAULT_NAMESPACE = "default"
+_NAMESPACE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
+
+
+# -- the database clock --------------------------------------------------------------------------
+
+
+class db_now_ms(FunctionElement[int]):
+    """The database server's clock as Unix milliseconds (BIGINT), compiled per dialect."""
+
+    type = sa.BigInteger()
+    inherit_cache = True
+    name = "db_now_ms"
+
+
+@compiles(db_now_ms)
+def _now_unknown(element: db_now_ms, compiler: SQLCompiler, **kw: Any) -> str:
+    raise sa_exc.CompileError(
+        f"worker leases have no clock expression for the {compiler.dialect.name!r} dialect; "
+        "supported: postgresql, mysql, mariadb, sqlite"
+    )
+
+
+@compiles(db_now_ms, "postgresql")
+def _now_postgresql(element: db_now_ms, compiler: SQLCompiler, **kw: Any) -> str:
+    return "CAST(FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) AS BIGINT)"
+
+
+@compiles(db_now_ms, "mysql")
+@compiles(db_now_ms, "mariadb")
+def _now_mysql(element: db_now_ms, compiler: SQLCompiler, **kw: Any) -> str:
+    return "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
+
+
+@compiles(db_now_ms, "sqlite")
+def _now_sqlite(element: db_now_ms, compiler: SQLCompiler, **kw: Any) -> str:
+    return "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+
+
+# -- the table -----------------------------------------------------------------------------------
+
+
+def lease_table(
+    metadata: sa.MetaData | None = None,
+    *,
+    name: str = DEFAULT_LEASE_TABLE,
+    schema: str | None = None,
+) -> sa.Table:
+    """The Core ``Table`` of worker leases (added to ``metadata`` if given)."""
+    return sa.Table(
+        name,
+        metadata if metadata is not None else sa.MetaData(),
+        sa.Column("namespace", sa.String(64), primary_key=True),
+        sa.Column("worker_id", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("holder", sa.String(32), nullable=False, server_default=""),
+        sa.Column("owner", sa.String(200), nullable=False, server_default=""),
+        sa.Column("expires_at", sa.BigInteger, nullable=False),
+        sa.Column("issued_until", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("acquired_at", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("renewed_at", sa.BigInteger, nullable=False, server_default="0"),
+        schema=schema,
+        comment="sqlalchemy-tickets: Snowflake worker-id leases",
+    )
+
+
+def lease_table_statements(
+    *, name: str = DEFAULT_LEASE_TABLE, schema: str | None = None
+) -> list[sa.sql.Executable]:
+    """DDL creating the lease table; safe to run when it exists."""
+    return [sa.schema.CreateTable(lease_table(name=name, schema=schema), if_not_exists=True)]
+
+
+def drop_lease_table_statements(
+    *, name: str = DEFAULT_LEASE_TABLE, schema: str | None = None
+) -> list[sa.sql.Executable]:
+    """DDL dropping the lease table (forgets every worker's ``issued_until``)."""
+    return [sa.schema.DropTable(lease_table(name=name, schema=schema), if_exists=True)]
+
+
+def create_lease_table(
+    bind: str | URL | Engine, *, name: str = DEFAULT_LEASE_TABLE, schema: str | None = None
+) -> None:
+    """Create the lease table in a database if it is not there."""
+    engine = bind if isinstance(bind, Engine) else sa.create_engine(bind)
+    try:
+        with engine.begin() as conn:
+            for statement in lease_table_statements(name=name, schema=schema):
+                conn.execute(statement)
+    finally:
+        if engine is not bind:
+            engine.dispose()
+
+
+# -- leases --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LeaseGrant:
+    """A worker id this process holds."""
+
+    worker_id: int
+    #: Random token proving the holding in every renewal.
+    token: str
+    #: Unix ms: the highest timestamp an earlier holder may have put in an id of this worker.
+    issued_until_ms: int
+
+
+@dataclass(frozen=True)
+class LeaseRow:
+    """One row of the lease table, as :meth:`WorkerLease.rows` reads it."""
+
+    worker_id: int
+    holder: str
+    owner: str
+    #: Milliseconds until the lease expires, by the database clock (negative: expired).
+    expires_in_ms: int
+    issued_until_ms: int
+
+
+class WorkerLease:
+    """Worker ids of one namespace, leased from a table in a database.
+
+    Args:
+        bind: the lease database (URL or ``Engine``; an ``Engine`` lends its URL, the lease runs
+            on its own small autocommit pool so it never joins a caller's transaction).
+        namespace: one id space; generators that must not share worker ids share a namespace
+            (1-64 characters of ``A-Za-z0-9_.:-``).
+        ttl: seconds a lease lives without renewal; a killed process's id is free after it.
+        heartbeat: seconds between renewals (default ``ttl / 3``; must be below ``ttl``).
+        table_name, schema: where the table is (created on first use unless
+            ``create_table=False``).
+        timeout: seconds a connect or statement may take.
+    """
+
+    def __init__(
+        self,
+        bind: str | URL | Engine,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        ttl: float = 30.0,
+        heartbeat: float | None = None,
+        table_name: str = DEFAULT_LEASE_TABLE,
+        schema: str | None = None,
+        timeout: float = 5.0,
+        create_table: bool = True,
+    ) -> None:
+        if not isinstance(namespace, str) or not _NAMESPACE_RE.match(namespace):
+            raise TicketsError(
+                f"invalid lease namespace {namespace!r}: use 1-64 characters of A-Za-z0-9_.:-"
+            )
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
+            raise TicketsError(f"ttl must be a positive number of seconds, not {ttl!r}")
+        beat = ttl / 3 if heartbeat is None else heartbeat
+        if isinstance(beat, bool) or not isinstance(beat, (int, float)) or not 0 < beat < ttl:
+            raise TicketsError(
+                f"heartbeat must be a positive number of seconds below ttl ({ttl}), not {beat!r}"
+            )
+        if not timeout > 0:
+            raise TicketsError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        self.url: URL = bind.url if isinstance(bind, Engine) else make_url(bind)
+        self.namespace = namespace
+        self.ttl = float(ttl)
+        self.heartbeat = float(beat)
+        self.timeout = float(timeout)
+        self.create_table = create_table
+        self.table = lease_table(name=table_name, schema=schema)
+        self._engine: Engine | None = None
+        self._table_ready = False
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (
+            f"WorkerLease({self.url.render_as_string()!r}, namespace={self.namespace!r}, "
+            f"ttl={self.ttl})"
+        )
+
+    @property
+    def ttl_ms(self) -> int:
+        return int(self.ttl * 1000)
+
+    @property
+    def engine(self) -> Engine:
+        """The lease's own autocommit engine, made on first use."""
+        engine = self._engine
+        if engine is None:
+            with self._lock:
+                engine = self._engine
+                if engine is None:
+                    backend = backend_for(self.url.get_backend_name())
+                    options = backend.engine_options(self.url, self.timeout)
+                    if "poolclass" not in options:
+                        options.update(pool_size=1, max_overflow=2)
+                    try:
+                        engine = sa.create_engine(
+                            self.url,
+                            isolation_level="AUTOCOMMIT",
+                            pool_reset_on_return=None,
+                            **options,
+                        )
+                    except (sa_exc.ArgumentError, ImportError) as error:
+                        raise TicketsError(
+                            f"cannot use {self.url.render_as_string()!r} for worker leases: {error}"
+                        ) from error
+                    self._engine = engine
+        return engine
+
+    def ensure_table(self) -> None:
+        """Create the lease table if it is missing (once per process)."""
+        if self._table_ready or not self.create_table:
+            return
+        with self.engine.connect() as conn:
+            for statement in lease_table_statements(name=self.table.name, schema=self.table.schema):
+                try:
+                    conn.execute(statement)
+                except sa_exc.DBAPIError:
+                    # Another process created it between IF NOT EXISTS and CREATE (MySQL can
+                    # report that as an error); fine if the table is there now.
+                    if not sa.inspect(conn).has_table(self.table.name, schema=self.table.schema):
+                        raise
+        self._table_ready = True
+
+    def _mine(self) -> sa.ColumnElement[bool]:
+        return self.table.c.namespace == self.namespace
+
+    def acquire(self, worker_limit: int) -> LeaseGrant:
+        """Take a free worker id below ``worker_limit``; raise :class:`TicketsError` if all
+        ``worker_limit`` ids are held by live leases."""
+        self.ensure_table()
+        t = self.table
+        now = db_now_ms()
+        token = secrets.token_hex(16)
+        owner = f"{socket.gethostname()}:{os.getpid()}"[:200]
+        taken = {
+            "holder": token,
+            "owner": owner,
+            "expires_at": now + self.ttl_ms,
+            "acquired_at": now,
+            "renewed_at": now,
+        }
+        try:
+            for _attempt in range(50):
+                with self.engine.connect() as conn:
+                    free = list(
+                        conn.execute(
+                            sa.select(t.c.worker_id)
+                            .where(
+                                self._mine(), t.c.expires_at <= now, t.c.worker_id < worker_limit
+                            )
+                            .order_by(t.c.expires_at, t.c.worker_id)
+                            .limit(8)
+                        ).scalars()
+                    )
+                    random.shuffle(free)  # racing processes should not all try the same row
+                    for worker_id in free:
+                        updated = conn.execute(
+                            sa.update(t)
+                            .where(self._mine(), t.c.worker_id == worker_id, t.c.expires_at <= now)
+                            .values(**taken)
+                        )
+                        if updated.rowcount == 1:
+                            until = conn.execute(
+                                sa.select(t.c.issued_until).where(
+                                    self._mine(), t.c.worker_id == worker_id, t.c.holder == token
+                                )
+                            ).scalar_one()
+                            log.info(
+                                "leased Snowflake worker id %d (namespace %r) from %s",
+                                worker_id,
+                                self.namespace,
+                                self.url.render_as_string(),
+                            )
+                            return LeaseGrant(int(worker_id), token, int(until))
+                    highest = conn.execute(
+                        sa.select(sa.func.max(t.c.worker_id)).where(self._mine())
+                    ).scalar()
+                    worker_id = 0 if highest is None else int(highest) + 1
+                    if worker_id >= worker_limit:
+                        if free:
+                            continue  # every free row was taken under us: look again
+                        raise TicketsError(
+                            f"all {worker_limit} worker ids of namespace {self.namespace!r} are "
+                            f"leased by live processes ({self.url.render_as_string()}): stop one, "
+                            "wait for a dead one's lease to expire, or use more worker bits"
+                        )
+                    try:
+                        conn.execute(
+                            sa.insert(t).values(
+                                namespace=self.namespace,
+                                worker_id=worker_id,
+                                issued_until=0,
+                                **taken,
+                            )
+                        )
+                    except sa_exc.IntegrityError:
+                        continue  # another process inserted this id first
+                    log.info(
+                        "leased new Snowflake worker id %d (namespace %r) from %s",
+                        worker_id,
+                        self.namespace,
+                        self.url.render_as_string(),
+                    )
+                    return LeaseGrant(worker_id, token, 0)
+        except sa_exc.DBAPIError as error:
+            raise TicketsError(
+                f"cannot lease a worker id from {self.url.render_as_string()}: {error.orig}"
+            ) from error
+        raise TicketsError(
+            f"could not lease a worker id of namespace {self.namespace!r}: too much contention"
+        )
+
+    def renew(self, grant: LeaseGrant, issued_until_ms: int) -> bool:
+        """Extend the lease by ``ttl`` and record ``issued_until_ms``; ``False``: lost.
+
+        Database errors propagate (the caller retries at its next heartbeat).
+        """
+        t = self.table
+        now = db_now_ms()
+        with self.engine.connect() as conn:
+            updated = conn.execute(
+                sa.update(t)
+                .where(self._mine(), t.c.worker_id == grant.worker_id, t.c.holder == grant.token)
+                .values(expires_at=now + self.ttl_ms, renewed_at=now, issued_until=issued_until_ms)
+            )
+        return bool(updated.rowcount == 1)
+
+    def release(self, grant: LeaseGrant, issued_until_ms: int) -> None:
+        """Give the id back at once, recording the last timestamp really issued."""
+        t = self.table
+        now = db_now_ms()
+        with self.engine.connect() as conn:
+            conn.execute(
+                sa.update(t)
+                .where(self._mine(), t.c.worker_id == grant.worker_id, t.c.holder == grant.token)
+                .values(expires_at=now, holder="", issued_until=issued_until_ms)
+            )
+        log.info("released Snowflake worker id %d (namespace %r)", grant.worker_id, self.namespace)
+
+    def rows(self) -> list[LeaseRow]:
+        """Every worker id of this namespace, held or not (for status pages and tests)."""
+        self.ensure_table()
+        t = self.table
+        with self.engine.connect() as conn:
+            result = conn.execute(
+                sa.select(
+                    t.c.worker_id,
+                    t.c.holder,
+                    t.c.owner,
+                    t.c.expires_at - db_now_ms(),
+                    t.c.issued_until,
+                )
+                .where(self._mine())
+                .order_by(t.c.worker_id)
+            )
+            return [LeaseRow(int(r[0]), r[1], r[2], int(r[3]), int(r[4])) for r in result]
+
+    def dispose(self) -> None:
+        """Close the lease's connections."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.dispose()
+
+    def _after_fork_in_child(self) -> None:
+        """The parent's pooled connections are not ours to use or close."""
+        self._lock = threading.Lock()
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.dispose(close=False)
+
+
+class Heartbeat:
+    """A daemon thread calling ``beat()`` every ``interval`` seconds until it returns ``False``
+    or :meth:`stop` is called."""
+
+    def __init__(self, interval: float, beat: Callable[[], bool], name: str) -> None:
+        self.interval = interval
+        self._beat = beat
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to end (it does at its next wake-up; this does not wait)."""
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                if not self._beat():
+                    return
+            except Exception:  # a heartbeat must not die silently; the next one tries again
+                log.exception("worker lease heartbeat failed")

@@ -1,0 +1,373 @@
+"""Retry-safe units of work: the same objects, with the same ids, until the rows are there.
+
+Ids are on the objects before any SQL runs, so when a COMMIT times out or its reply is lost the
+unit can be sent again as it was: if the first attempt never committed, the replay inserts the
+rows; if it did, the replay meets its own primary keys, checks that every row of the unit is
+stored, and finishes. No duplicate, nothing lost, no idempotency-key column.
+
+What is guaranteed, by where the failure happened:
+
+* inside ``work`` or the flush (before COMMIT was sent): the transaction is known to be rolled
+  back; ``work`` runs again in a fresh session (an insert-only unit whose ``work`` already
+  returned is replayed instead, without calling ``work`` again);
+* at COMMIT (the outcome is unknown): an insert-only unit is replayed with the same objects and
+  ids and verified as above; a unit that also updated or deleted rows cannot be replayed safely
+  (the update may have been applied) nor re-run blindly (it may be applied twice), so
+  :class:`CommitOutcomeUnknownError` is raised — never a silently lost or doubled update.
+
+Errors a retry cannot cure (a constraint violation, a data error, an exception from ``work``)
+are raised at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast, overload
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from .dialects.base import loaded_backends
+from .errors import TicketsError, TicketServerUnavailable
+
+logger = logging.getLogger("sqlalchemy_tickets")
+
+T = TypeVar("T")
+
+__all__ = [
+    "CommitOutcomeUnknownError",
+    "async_retry_session",
+    "is_retryable",
+    "retry_session",
+]
+
+
+class CommitOutcomeUnknownError(TicketsError):
+    """A COMMIT failed without an answer, and the unit updated or deleted rows: whether it was
+    applied is unknown, and replaying or re-running it could lose or double an update."""
+
+
+def is_retryable(error: BaseException) -> bool:
+    """Whether a retry can cure ``error``: a lost or refused connection, a timeout, a deadlock,
+    a serialization failure — as each backend module classifies its own driver's errors."""
+    if isinstance(error, TicketServerUnavailable):
+        return True
+    if not isinstance(error, DBAPIError):
+        return False
+    if error.connection_invalidated:
+        return True
+    orig = error.orig
+    return orig is not None and any(b.is_retryable(orig) for b in loaded_backends())
+
+
+@dataclass
+class _RetryState:
+    """What a tenacity ``stop``/``wait`` strategy reads (the subset of ``RetryCallState``)."""
+
+    attempt_number: int = 1
+    start_time: float = field(default_factory=time.monotonic)
+    idle_for: float = 0.0
+    outcome: Any = None
+
+    @property
+    def seconds_since_start(self) -> float:
+        return time.monotonic() - self.start_time
+
+
+@dataclass
+class _Policy:
+    attempts: int
+    backoff: float
+    max_backoff: float
+    stop: Callable[[Any], bool] | None
+    wait: Callable[[Any], float] | None
+
+    def __post_init__(self) -> None:
+        if self.stop is None and (isinstance(self.attempts, bool) or self.attempts < 1):
+            raise TicketsError(f"attempts must be at least 1, not {self.attempts!r}")
+        if self.backoff < 0 or self.max_backoff < 0:
+            raise TicketsError("backoff and max_backoff must not be negative")
+
+    def pause(self, state: _RetryState, error: BaseException) -> float | None:
+        """Seconds to wait before the next attempt, or ``None`` to give up."""
+        state.outcome = error
+        done = self.stop(state) if self.stop is not None else state.attempt_number >= self.attempts
+        if done:
+            return None
+        if self.wait is not None:
+            pause = float(self.wait(state))
+        else:
+            # Doubling, capped, with full jitter between half and all of it.
+            full = min(self.max_backoff, self.backoff * 2 ** (state.attempt_number - 1))
+            pause = full * (0.5 + random.random() / 2)
+        state.idle_for += pause
+        state.attempt_number += 1
+        return pause
+
+
+class _Unit:
+    """What one attempt wrote, recorded at every flush of its session."""
+
+    def __init__(self, session: Session) -> None:
+        self.inserted: list[Any] = []
+        self.changes_rows = False
+        self._seen: set[int] = set()
+        event.listen(session, "before_flush", self._record)
+
+    def _record(self, session: Session, flush_context: Any, instances: Any) -> None:
+        for obj in session.new:
+            if id(obj) not in self._seen:
+                self._seen.add(id(obj))
+                self.inserted.append(obj)
+        if session.deleted or any(session.is_modified(obj) for obj in session.dirty):
+            self.changes_rows = True
+
+    def verify(self, session: Session) -> bool:
+        """Whether every row this unit inserted is stored (by primary key)."""
+        wanted: dict[Any, list[Any]] = defaultdict(list)
+        for obj in self.inserted:
+            mapper = sa.inspect(obj).mapper
+            wanted[mapper].append(mapper.primary_key_from_instance(obj))
+        for mapper, keys in wanted.items():
+            columns = mapper.primary_key
+            if len(columns) == 1:
+                found = session.scalar(
+                    sa.select(sa.func.count())
+                    .select_from(mapper.local_table)
+                    .where(columns[0].in_([k[0] for k in keys]))
+                )
+            else:
+                found = session.scalar(
+                    sa.select(sa.func.count())
+                    .select_from(mapper.local_table)
+                    .where(sa.tuple_(*columns).in_([tuple(k) for k in keys]))
+                )
+            if found != len(set(map(tuple, keys))):
+                return False
+        return True
+
+
+@dataclass
+class _Attempt:
+    """Where the last attempt stood when it failed."""
+
+    unit: _Unit | None = None  # set once ``work`` returned
+    committing: bool = False  # COMMIT was sent
+
+
+def _next_step(
+    attempt: _Attempt, error: BaseException, state: _RetryState, policy: _Policy
+) -> tuple[str, float]:
+    """After a failed attempt: ``("rerun"`` work or ``"replay"`` the unit, pause``)``; raises
+    when no retry can help or none is left."""
+    if not is_retryable(error):
+        raise error
+    unit = attempt.unit
+    if unit is None:
+        plan = "rerun"
+    elif not unit.changes_rows:
+        plan = "replay"
+    elif attempt.committing:
+        raise CommitOutcomeUnknownError(
+            "the COMMIT of a unit that updated or deleted rows got no answer: it may or may "
+            "not have been applied; check the data before running it again"
+        ) from error
+    else:
+        plan = "rerun"
+    pause = policy.pause(state, error)
+    if pause is None:
+        raise error
+    logger.warning(
+        "attempt %d failed (%s); %s in %.2f s",
+        state.attempt_number - 1, _first_line(error), plan, pause,
+    )
+    return plan, pause
+
+
+@overload
+def retry_session(
+    session_factory: Callable[[], Session],
+    work: Callable[[Session], T],
+    *,
+    attempts: int = ...,
+    backoff: float = ...,
+    max_backoff: float = ...,
+    stop: Callable[[Any], bool] | None = ...,
+    wait: Callable[[Any], float] | None = ...,
+    sleep: Callable[[float], Any] = ...,
+) -> T: ...
+
+
+@overload
+def retry_session(
+    session_factory: Callable[[], Session],
+    work: None = ...,
+    *,
+    attempts: int = ...,
+    backoff: float = ...,
+    max_backoff: float = ...,
+    stop: Callable[[Any], bool] | None = ...,
+    wait: Callable[[Any], float] | None = ...,
+    sleep: Callable[[float], Any] = ...,
+) -> Callable[[Callable[[Session], T]], Callable[[], T]]: ...
+
+
+def retry_session(
+    session_factory: Callable[[], Session],
+    work: Callable[[Session], T] | None = None,
+    *,
+    attempts: int = 5,
+    backoff: float = 0.1,
+    max_backoff: float = 5.0,
+    stop: Callable[[Any], bool] | None = None,
+    wait: Callable[[Any], float] | None = None,
+    sleep: Callable[[float], Any] = time.sleep,
+) -> Any:
+    """Run ``work(session)`` and commit, retrying lost connections, timeouts and deadlocks.
+
+    Args:
+        session_factory: makes a fresh ``Session`` per attempt (a ``sessionmaker``).
+        work: the unit of work; its return value is returned. Without it, ``retry_session``
+            is a decorator: ``@retry_session(Session)`` over ``def work(session): ...``.
+        attempts: attempts in all, the first included.
+        backoff: first pause in seconds; it doubles per attempt, with jitter, up to
+            ``max_backoff``.
+        stop, wait: tenacity strategies (``stop_after_delay(10)``, ``wait_random_exponential()``
+            ...) to use instead of ``attempts`` and ``backoff``.
+        sleep: how to pause (a parameter so tests need not wait).
+
+    Raises:
+        CommitOutcomeUnknownError: a unit that updated or deleted rows lost its COMMIT reply.
+        The last error, when attempts run out; any error a retry cannot cure, at once.
+    """
+    policy = _Policy(attempts, backoff, max_backoff, stop, wait)
+    if work is None:
+        return functools.partial(_decorate, session_factory, policy, sleep)
+    return _run(session_factory, work, policy, sleep)
+
+
+def _decorate(
+    session_factory: Callable[[], Session],
+    policy: _Policy,
+    sleep: Callable[[float], Any],
+    work: Callable[[Session], T],
+) -> Callable[[], T]:
+    @functools.wraps(work)
+    def run() -> T:
+        return _run(session_factory, work, policy, sleep)
+
+    return run
+
+
+def _run(
+    session_factory: Callable[[], Session],
+    work: Callable[[Session], T],
+    policy: _Policy,
+    sleep: Callable[[float], Any],
+) -> T:
+    state = _RetryState()
+    attempt = _Attempt()
+    result: Any = None
+    plan = "rerun"
+    while True:
+        session = session_factory()
+        try:
+            if plan == "replay" and attempt.unit is not None:
+                _replay(session, attempt.unit)
+                return cast(T, result)
+            attempt = _Attempt()
+            unit = _Unit(session)
+            result = work(session)
+            session.flush()
+            attempt.unit = unit
+            attempt.committing = True
+            session.commit()
+            return cast(T, result)
+        except BaseException as error:
+            _discard(session)
+            plan, pause = _next_step(attempt, error, state, policy)
+            sleep(pause)
+        finally:
+            session.close()
+
+
+def _replay(session: Session, unit: _Unit) -> None:
+    """Insert the same objects again; if their keys are already stored, check they all are."""
+    session.add_all(unit.inserted)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        if unit.verify(session):
+            logger.info("the lost commit had been applied: all %d rows are stored",
+                        len(unit.inserted))
+            session.expunge_all()
+            return
+        raise
+
+
+def _discard(session: Session) -> None:
+    try:
+        session.rollback()
+    except Exception:  # the connection is gone; closing the session is what is left to do
+        logger.debug("rollback after a failed attempt failed too", exc_info=True)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+# -- asyncio ------------------------------------------------------------------------------------
+
+
+async def async_retry_session(
+    session_factory: Callable[[], AsyncSession],
+    work: Callable[[AsyncSession], Awaitable[T]],
+    *,
+    attempts: int = 5,
+    backoff: float = 0.1,
+    max_backoff: float = 5.0,
+    stop: Callable[[Any], bool] | None = None,
+    wait: Callable[[Any], float] | None = None,
+    sleep: Callable[[float], Awaitable[Any]] | None = None,
+) -> T:
+    """:func:`retry_session` for ``async_sessionmaker``: ``await work(session)`` and commit,
+    with the same guarantees."""
+    import asyncio
+
+    policy = _Policy(attempts, backoff, max_backoff, stop, wait)
+    pause_for = sleep or asyncio.sleep
+    state = _RetryState()
+    attempt = _Attempt()
+    result: Any = None
+    plan = "rerun"
+    while True:
+        session = session_factory()
+        try:
+            if plan == "replay" and attempt.unit is not None:
+                await session.run_sync(_replay, attempt.unit)
+                return cast(T, result)
+            attempt = _Attempt()
+            unit = _Unit(session.sync_session)
+            result = await work(session)
+            await session.flush()
+            attempt.unit = unit
+            attempt.committing = True
+            await session.commit()
+            return cast(T, result)
+        except BaseException as error:
+            await session.run_sync(_discard)
+            plan, pause = _next_step(attempt, error, state, policy)
+            await pause_for(pause)
+        finally:
+            await session.close()

@@ -1,0 +1,298 @@
+"""retry_session through a real TCP proxy in front of real PostgreSQL and MariaDB servers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import sqlalchemy as sa
+import tenacity
+from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    Session,
+    mapped_column,
+    relationship,
+    sessionmaker,
+)
+
+from sqlalchemy_tickets import (
+    CommitOutcomeUnknownError,
+    TicketId,
+    TicketServer,
+    apply_timeouts,
+    async_retry_session,
+    configure,
+    retry_session,
+)
+from support.proxy import TcpProxy
+
+BACKENDS = ["postgresql", "mysql"]
+ASYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "mysql": "mysql+aiomysql"}
+# The COMMIT itself on the wire, not "SET AUTOCOMMIT" at connect: PostgreSQL's simple query is
+# NUL-terminated; MySQL's COM_QUERY starts with the command byte 0x03.
+COMMIT = {"postgresql": b"COMMIT\x00", "mysql": b"\x03COMMIT"}
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Parent(Base):
+    __tablename__ = "parents"
+    id: Mapped[int] = mapped_column(TicketId("parents"), primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(40))
+    children: Mapped[list[Child]] = relationship(back_populates="parent")
+
+
+class Child(Base):
+    __tablename__ = "children"
+    id: Mapped[int] = mapped_column(TicketId("children"), primary_key=True)
+    parent_id: Mapped[int] = mapped_column(sa.ForeignKey("parents.id"))
+    parent: Mapped[Parent] = relationship(back_populates="children")
+
+
+class Member(Base):
+    __tablename__ = "members"
+    id: Mapped[int] = mapped_column(TicketId("members"), primary_key=True)
+    email: Mapped[str] = mapped_column(sa.String(40), unique=True)
+
+
+@dataclass
+class Rig:
+    url: str  # direct
+    proxy: TcpProxy
+    engine: sa.Engine  # through the proxy
+    factory: sessionmaker[Session]
+    commit: bytes
+
+    def count(self, model: type[Base]) -> int:
+        direct = sa.create_engine(self.url)
+        with direct.connect() as conn:
+            n = conn.scalar(sa.select(sa.func.count()).select_from(model))
+        direct.dispose()
+        return int(n or 0)
+
+
+@pytest.fixture(params=BACKENDS)
+def rig(request: pytest.FixtureRequest, make_database) -> Iterator[Rig]:
+    url = make_database(request.param)
+    direct = sa.create_engine(url)
+    Base.metadata.create_all(direct)
+    direct.dispose()
+    # Tickets come straight from the server: the faults are for the application's connection.
+    tickets = TicketServer(url)
+    configure(tickets)
+    target = sa.engine.make_url(url)
+    with TcpProxy(target.host or "127.0.0.1", target.port or 0) as proxy:
+        engine = sa.create_engine(proxy.url(url))
+        factory = sessionmaker(engine, expire_on_commit=False)
+        yield Rig(url, proxy, engine, factory, COMMIT[request.param])
+        engine.dispose()
+    configure(None)
+    tickets.dispose()
+
+
+def no_sleep(seconds: float) -> None:
+    pass
+
+
+def test_lost_commit_reply_of_one_object(rig: Rig) -> None:
+    calls = []
+
+    def work(session: Session) -> str:
+        calls.append(1)
+        session.add(Parent(name="one"))
+        return "done"
+
+    rig.proxy.swallow_reply_after(rig.commit)
+    assert retry_session(rig.factory, work, sleep=no_sleep) == "done"
+    assert rig.proxy.faults_fired == 1
+    assert len(calls) == 1  # replayed, not re-run
+    assert rig.count(Parent) == 1
+
+
+def test_lost_commit_reply_of_a_graph_with_foreign_keys(rig: Rig) -> None:
+    made: list[Parent] = []
+
+    def work(session: Session) -> None:
+        for i in range(20):
+            parent = Parent(name=f"p{i}", children=[Child() for _ in range(3)])
+            made.append(parent)
+            session.add(parent)
+
+    rig.proxy.swallow_reply_after(rig.commit)
+    retry_session(rig.factory, work, sleep=no_sleep)
+    assert rig.proxy.faults_fired == 1
+    assert rig.count(Parent) == 20 and rig.count(Child) == 60
+    direct = sa.create_engine(rig.url)
+    with direct.connect() as conn:
+        pairs = set(conn.execute(sa.select(Child.__table__.c.id, Child.__table__.c.parent_id)))
+    direct.dispose()
+    assert pairs == {(c.id, p.id) for p in made for c in p.children}
+
+
+def test_two_hundred_lost_replies_in_a_row(rig: Rig) -> None:
+    ids = []
+    for i in range(200):
+        rig.proxy.swallow_reply_after(rig.commit)
+        parent = Parent(name=f"t{i}")
+
+        def work(session: Session, parent: Parent = parent) -> int:
+            session.add(parent)
+            return 0
+
+        retry_session(rig.factory, work, sleep=no_sleep)
+        ids.append(parent.id)
+    assert rig.proxy.faults_fired == 200
+    assert rig.count(Parent) == 200  # exactly: no duplicate, none lost
+    assert len(set(ids)) == 200
+
+
+def test_server_refusing_connections_then_back(rig: Rig) -> None:
+    calls = []
+
+    def work(session: Session) -> None:
+        calls.append(1)
+        session.add(Parent(name="patient"))
+
+    rig.proxy.refuse()
+    threading.Timer(1.5, rig.proxy.forward).start()
+    started = time.monotonic()
+    retry_session(rig.factory, work, attempts=20, backoff=0.1, max_backoff=0.4)
+    assert time.monotonic() - started >= 1.0  # it really waited the outage out
+    assert len(calls) >= 2
+    assert rig.count(Parent) == 1
+
+
+def test_hung_server_times_out_and_is_retried(rig: Rig) -> None:
+    apply_timeouts(rig.engine, 1.0)
+    calls = []
+
+    def work(session: Session) -> None:
+        calls.append(1)
+        session.add(Parent(name="hung"))
+
+    with rig.factory() as warm:  # a pooled connection, established before the hang
+        warm.execute(sa.select(1))
+    rig.proxy.hang()
+    threading.Timer(2.5, rig.proxy.forward).start()
+    started = time.monotonic()
+    retry_session(rig.factory, work, attempts=10, backoff=0.2, max_backoff=1.0)
+    assert time.monotonic() - started >= 1.0
+    assert len(calls) >= 2
+    assert rig.count(Parent) == 1
+
+
+def test_a_real_constraint_violation_is_raised_at_once_with_nothing_written(rig: Rig) -> None:
+    with rig.factory() as session:
+        session.add(Member(email="taken@example.com"))
+        session.commit()
+    calls = []
+
+    def work(session: Session) -> None:
+        calls.append(1)
+        session.add(Parent(name="innocent"))
+        session.add(Member(email="taken@example.com"))
+
+    with pytest.raises(sa.exc.IntegrityError):
+        retry_session(rig.factory, work, sleep=no_sleep)
+    assert len(calls) == 1
+    assert rig.count(Parent) == 0 and rig.count(Member) == 1
+
+
+def test_an_error_in_work_is_raised_at_once(rig: Rig) -> None:
+    calls = []
+
+    def work(session: Session) -> None:
+        calls.append(1)
+        session.add(Parent(name="never"))
+        raise KeyError("bug")
+
+    with pytest.raises(KeyError):
+        retry_session(rig.factory, work, sleep=no_sleep)
+    assert len(calls) == 1 and rig.count(Parent) == 0
+
+
+def test_an_update_whose_commit_reply_is_lost_is_refused(rig: Rig) -> None:
+    with rig.factory() as session:
+        session.add(Parent(name="before"))
+        session.commit()
+
+    def work(session: Session) -> None:
+        parent = session.scalars(sa.select(Parent)).one()
+        parent.name = "after"
+
+    rig.proxy.swallow_reply_after(rig.commit)
+    with pytest.raises(CommitOutcomeUnknownError, match="may or may not have been applied"):
+        retry_session(rig.factory, work, sleep=no_sleep)
+    assert rig.proxy.faults_fired == 1
+
+
+def test_decorator_and_tenacity_strategies(rig: Rig) -> None:
+    @retry_session(rig.factory, stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_fixed(0))
+    def add(session: Session) -> str:
+        session.add(Parent(name="decorated"))
+        return "ok"
+
+    rig.proxy.swallow_reply_after(rig.commit)
+    assert add() == "ok"
+    assert rig.proxy.faults_fired == 1 and rig.count(Parent) == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_async_lost_commit_reply_and_violation(make_database, backend: str) -> None:
+    url = make_database(backend)
+    direct = sa.create_engine(url)
+    Base.metadata.create_all(direct)
+    direct.dispose()
+    tickets = TicketServer(url)
+    configure(tickets)
+    target = sa.engine.make_url(url)
+    try:
+        with TcpProxy(target.host or "127.0.0.1", target.port or 0) as proxy:
+            async_url = sa.engine.make_url(proxy.url(url)).set(drivername=ASYNC_DRIVERS[backend])
+
+            async def main() -> tuple[int, int]:
+                engine = create_async_engine(async_url)
+                factory = async_sessionmaker(engine, expire_on_commit=False)
+                calls = []
+
+                async def work(session) -> str:  # type: ignore[no-untyped-def]
+                    calls.append(1)
+                    session.add_all([Parent(name=f"a{i}", children=[Child()]) for i in range(5)])
+                    return "ok"
+
+                proxy.swallow_reply_after(COMMIT[backend])
+                assert await async_retry_session(factory, work, sleep=_no_async_sleep) == "ok"
+                assert len(calls) == 1
+
+                async def clash(session) -> None:  # type: ignore[no-untyped-def]
+                    calls.append(1)
+                    session.add(Member(email="x@example.com"))
+                    session.add(Member(email="x@example.com"))
+
+                with pytest.raises(sa.exc.IntegrityError):
+                    await async_retry_session(factory, clash, sleep=_no_async_sleep)
+                assert len(calls) == 2
+                async with factory() as session:
+                    parents = await session.scalar(sa.select(sa.func.count()).select_from(Parent))
+                    members = await session.scalar(sa.select(sa.func.count()).select_from(Member))
+                await engine.dispose()
+                return int(parents or 0), int(members or 0)
+
+            parents, members = asyncio.run(main())
+            assert proxy.faults_fired == 1
+            assert parents == 5 and members == 0
+    finally:
+        configure(None)
+        tickets.dispose()
+
+
+async def _no_async_sleep(seconds: float) -> None:
+    pass
