@@ -61,20 +61,30 @@ def test_flickr_tables_elsewhere_refuse_a_stride() -> None:
 def test_mysql_block_is_one_update_read_from_last_insert_id() -> None:
     backend = backend_for("mysql")
     stmt = backend.statement(DIALECTS["mysql"], ticket_table("Photos"), "take_block",
-                             __import__("sqlalchemy_tickets.dialects.mysql",
-                                        fromlist=["_last_insert_id_update"])._last_insert_id_update)
+                             backend.advance_statement)
     assert stmt.sql.startswith("UPDATE tickets__photos SET id=last_insert_id(")
     assert "WHERE tickets__photos.stub = " in stmt.sql
+    # A restrided table (another increment or offset) is not advanced with a stale stride.
+    assert "tickets__photos.`increment` = " in stmt.sql
+    assert "tickets__photos.`offset` = " in stmt.sql
+
+
+def test_flickr_block_on_mysql_has_no_stride_guard() -> None:
+    backend = backend_for("mysql")
+    stmt = backend.statement(DIALECTS["mysql"], ticket_table(None), "take_block",
+                             backend.advance_statement)
+    assert stmt.sql.startswith("UPDATE `Tickets64` SET id=last_insert_id(")
+    assert "increment" not in stmt.sql
 
 
 @pytest.mark.parametrize("name", ["postgresql", "sqlite"])
 def test_returning_block_is_one_update(name: str) -> None:
-    from sqlalchemy_tickets.dialects.base import _returning_update
-
-    stmt = backend_for(name).statement(DIALECTS[name], ticket_table("Photos"), "take_block",
-                                       _returning_update)
+    backend = backend_for(name)
+    stmt = backend.statement(DIALECTS[name], ticket_table("Photos"), "take_block",
+                             backend.advance_statement)
     assert stmt.sql.startswith("UPDATE tickets__photos SET id=(tickets__photos.id + ")
-    assert stmt.sql.endswith("RETURNING id") or stmt.sql.endswith("RETURNING tickets__photos.id")
+    assert stmt.sql.endswith(("RETURNING tickets__photos.id", "RETURNING id"))
+    assert 'tickets__photos."offset" = ' in stmt.sql
 
 
 def test_unknown_dialect_is_a_clear_error() -> None:

@@ -227,13 +227,29 @@ class TicketBackend:
     # -- round trips ---------------------------------------------------------------------
 
     def take_block(
-        self, cursor: Any, dialect: Dialect, table: TicketTable, count: int, increment: int
+        self, cursor: Any, dialect: Dialect, table: TicketTable, count: int, info: TableInfo
     ) -> int | None:
         """Advance the table by ``count`` ids in one statement; return the block's last id.
 
-        ``None`` means no row was advanced: the table has no row, or the ids would pass the
-        table's bit width (the caller tells which with :meth:`describe`).
+        ``None`` means no row was advanced: the table has no row, its stride is no longer
+        ``info``'s, or the ids would pass the table's bit width (the caller tells which with
+        :meth:`describe`).
         """
+        step = count * info.increment
+        stmt = self.statement(dialect, table, "take_block", self.advance_statement)
+        if table.flickr:
+            stmt.execute(cursor, step=step, max=table.max_id - step)
+        else:
+            stmt.execute(cursor, step=step, max=table.max_id - step,
+                         increment=info.increment, offset=info.offset)
+        return self.advanced_id(cursor)
+
+    def advance_statement(self, t: sa.Table) -> sa.sql.Executable:
+        """The statement :meth:`take_block` runs (see :func:`advance`)."""
+        raise NotImplementedError
+
+    def advanced_id(self, cursor: Any) -> int | None:
+        """The last id of the block just taken, read from the cursor; ``None``: no row moved."""
         raise NotImplementedError
 
     def describe(self, cursor: Any, dialect: Dialect, table: TicketTable) -> TableInfo | None:
@@ -271,17 +287,13 @@ class TicketBackend:
 
 
 class ReturningBackend(TicketBackend):
-    """Backends where ``UPDATE … RETURNING`` advances the one ticket row in one round trip.
+    """Backends where ``UPDATE … RETURNING id`` advances the one ticket row in one round trip."""
 
-    Named tables carry their own ``increment``; the statement returns it with the new id so a
-    block is always computed with the stride the server really applied.
-    """
+    def advance_statement(self, t: sa.Table) -> sa.sql.Executable:
+        return advance(t, t.c.id + _STEP).returning(t.c.id)
 
-    def take_block(
-        self, cursor: Any, dialect: Dialect, table: TicketTable, count: int, increment: int
-    ) -> int | None:
-        stmt = self.statement(dialect, table, "take_block", _returning_update)
-        row = stmt.execute(cursor, n=count, max=table.max_id).fetchone()
+    def advanced_id(self, cursor: Any) -> int | None:
+        row = cursor.fetchone()
         return None if row is None else int(row[0])
 
     def describe(self, cursor: Any, dialect: Dialect, table: TicketTable) -> TableInfo | None:
@@ -294,20 +306,19 @@ class ReturningBackend(TicketBackend):
         return TableInfo(int(row[1]), int(row[2]), int(row[0]))
 
 
-def _step(t: sa.Table) -> sa.ColumnElement[int]:
-    """``n`` ids' worth of the table's stride, computed in 64 bits."""
-    n = sa.cast(sa.bindparam("n", type_=sa.BigInteger), sa.BigInteger)
-    return n * t.c.increment if "increment" in t.c else n
+_STEP = sa.bindparam("step", type_=sa.BigInteger)
 
 
-def _returning_update(t: sa.Table) -> sa.sql.Executable:
-    step = _step(t)
-    return (
-        sa.update(t)
-        .where(t.c.stub == "a", t.c.id <= sa.bindparam("max", type_=sa.BigInteger) - step)
-        .values(id=t.c.id + step)
-        .returning(t.c.id)
-    )
+def advance(t: sa.Table, new_id: sa.ColumnElement[int]) -> sa.Update:
+    """``UPDATE t SET id = <new_id>`` for a block of ``:step`` ids, refusing to pass ``:max``
+    (the bit-width limit less the step) and, on named tables, refusing a row whose stride is
+    not the one the caller knows (``:increment``, ``:offset``): a stride changed by a restride
+    makes the caller read it again instead of computing its block with the old one."""
+    conditions = [t.c.stub == "a", t.c.id <= sa.bindparam("max", type_=sa.BigInteger)]
+    if "increment" in t.c:
+        conditions.append(t.c.increment == sa.bindparam("increment", type_=sa.Integer))
+        conditions.append(t.c.offset == sa.bindparam("offset", type_=sa.Integer))
+    return sa.update(t).where(*conditions).values(id=new_id)
 
 
 def _select_row(t: sa.Table) -> sa.sql.Executable:

@@ -18,7 +18,7 @@ from sqlalchemy.engine import URL, Dialect
 
 from .._naming import TicketTable
 from ..errors import StrideMismatchError
-from .base import TableInfo, TableSpec, TicketBackend, register_backend
+from .base import TableInfo, TableSpec, TicketBackend, advance, register_backend
 
 _NO_SUCH_TABLE = 1146
 #: 1205 lock wait timeout, 1213 deadlock, 1053 server shutdown, 1927 connection killed,
@@ -97,15 +97,12 @@ class MySQLBackend(TicketBackend):
                 "stride from the server, so set those two server variables (my.cnf) first"
             )
 
-    def take_block(
-        self, cursor: Any, dialect: Dialect, table: TicketTable, count: int, increment: int
-    ) -> int | None:
-        stmt = self.statement(dialect, table, "take_block", _last_insert_id_update)
-        step = count * increment
-        stmt.execute(cursor, step=step, max=table.max_id - step)
-        if cursor.rowcount != 1:
-            return None
-        return int(cursor.lastrowid)
+    def advance_statement(self, t: sa.Table) -> sa.sql.Executable:
+        step = sa.bindparam("step", type_=sa.BigInteger)
+        return advance(t, sa.func.last_insert_id(t.c.id + step))
+
+    def advanced_id(self, cursor: Any) -> int | None:
+        return int(cursor.lastrowid) if cursor.rowcount == 1 else None
 
     def describe(self, cursor: Any, dialect: Dialect, table: TicketTable) -> TableInfo | None:
         if table.flickr:
@@ -131,15 +128,6 @@ class MySQLBackend(TicketBackend):
     def is_missing_table(self, error: BaseException) -> bool:
         args: tuple[Any, ...] = getattr(error, "args", ())
         return len(args) > 0 and args[0] == _NO_SUCH_TABLE
-
-
-def _last_insert_id_update(t: sa.Table) -> sa.sql.Executable:
-    step = sa.bindparam("step", type_=sa.BigInteger)
-    return (
-        sa.update(t)
-        .where(t.c.stub == "a", t.c.id <= sa.bindparam("max", type_=sa.BigInteger))
-        .values(id=sa.func.last_insert_id(t.c.id + step))
-    )
 
 
 def _replace_into(t: sa.Table) -> sa.sql.Executable:

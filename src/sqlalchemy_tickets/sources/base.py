@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from ..errors import TicketsError
+
 
 @runtime_checkable
 class TicketSource(Protocol):
@@ -21,8 +23,6 @@ class TicketSource(Protocol):
 
 def check_count(count: object) -> int:
     """A block size must be a positive integer."""
-    from ..errors import TicketsError
-
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise TicketsError(f"count must be a positive integer, not {count!r}")
     return count
@@ -34,8 +34,6 @@ def take(source: TicketSource, sequence: str | None, count: int, bits: int) -> l
     while len(ids) < count:
         block = source.next_block(sequence, count - len(ids), bits=bits)
         if len(block) == 0:
-            from ..errors import TicketsError
-
             raise TicketsError(f"{source!r} returned an empty block for {sequence!r}")
         ids.extend(block[: count - len(ids)])
     return ids

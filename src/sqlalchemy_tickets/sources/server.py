@@ -6,6 +6,7 @@ import logging
 import os
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -53,10 +54,29 @@ def _after_fork_in_child() -> None:
     # A child must not share its parent's sockets; close=False leaves them to the parent.
     for server in list(_servers):
         server.engine.dispose(close=False)
-        server._lock = threading.Lock()
+        server._reset_state()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+#: The offset a restride gives a table while it pauses it: no position has it.
+PAUSED_OFFSET = 0
+
+
+@dataclass(eq=False)
+class _Known:
+    """A table this server has seen, and the stride it was last seen with."""
+
+    table: TicketTable
+    info: TableInfo
+
+
+def _close_quietly(cursor: Any) -> None:
+    try:
+        cursor.close()
+    except Exception:  # a cursor on a dead connection
+        logger.debug("closing a ticket cursor failed", exc_info=True)
 
 
 class TicketServer:
@@ -96,6 +116,7 @@ class TicketServer:
         self.create_missing = create_missing
         self.table_template = check_table_template(table_template)
         self.storage_engine = storage_engine
+        self.pool_size = pool_size
         self._backend: TicketBackend = backend_for(url.get_backend_name())
         options = self._backend.engine_options(url, self.timeout)
         if "poolclass" not in options:
@@ -111,11 +132,19 @@ class TicketServer:
             )
         except (sa_exc.ArgumentError, ImportError, sa_exc.NoSuchModuleError) as error:
             raise TicketsError(f"cannot use {url.render_as_string()!r}: {error}") from error
+        self._reset_state()
+        _servers.add(self)
+
+    def _reset_state(self) -> None:
         self._lock = threading.Lock()
-        self._known: dict[TicketTable, TableInfo] = {}
+        # Per caller spelling of (sequence, bits): the table and what is known of it, so the
+        # hot path validates a name once, not per call.
+        self._known: dict[tuple[str | None, int], _Known] = {}
+        # Connections checked out of the pool once and kept, each with its cursor: a pool
+        # checkout and a new cursor per id cost more than the round trip's own client work.
+        self._idle: list[tuple[Any, Any]] = []
         self._issued = 0
         self._round_trips = 0
-        _servers.add(self)
 
     def __repr__(self) -> str:
         return f"TicketServer({self.url.render_as_string()!r})"
@@ -128,14 +157,15 @@ class TicketServer:
 
     def next_block(self, sequence: str | None, count: int, *, bits: int = 64) -> range:
         """Exactly ``count`` ids in one round trip, as a ``range`` whose step is the stride."""
-        check_count(count)
-        table = ticket_table(sequence, check_bits(bits), self.table_template)
-        info = self._known.get(table)
-        if info is None:
-            info = self._first_contact(table)
-        last = self._round_trip(self._take, table, count, info.increment)
+        known = self._known.get((sequence, bits))
+        if known is None:
+            known = self._first_contact(sequence, bits)
+        if type(count) is not int or count < 1:
+            check_count(count)
+        info = known.info
+        last = self._round_trip(self._take, known.table, count, info)
         if last is None:
-            last = self._after_miss(table, count, info.increment)
+            info, last = self._after_miss(known, count)
         with self._lock:
             self._issued += count
         return range(last - (count - 1) * info.increment, last + 1, info.increment)
@@ -188,7 +218,12 @@ class TicketServer:
             return {"issued": self._issued, "round_trips": self._round_trips}
 
     def dispose(self) -> None:
-        """Close the server's pooled connections."""
+        """Close the server's connections."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn, cursor in idle:
+            _close_quietly(cursor)
+            conn.close()
         self.engine.dispose()
 
     def with_stride(self, increment: int, offset: int) -> TicketServer:
@@ -196,16 +231,15 @@ class TicketServer:
         twin = object.__new__(TicketServer)
         twin.__dict__.update(self.__dict__)
         twin.stride = (increment, offset)
-        twin._lock = threading.Lock()
-        twin._known = {}
-        twin._issued = twin._round_trips = 0
+        twin._reset_state()
         _servers.add(twin)
         return twin
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _first_contact(self, table: TicketTable) -> TableInfo:
-        """Read (or create) the table's stride once, and refuse a stride that disagrees."""
+    def _first_contact(self, sequence: str | None, bits: int) -> _Known:
+        """Validate the name, read (or create) the table's stride, refuse one that disagrees."""
+        table = ticket_table(sequence, check_bits(bits), self.table_template)
         try:
             info = self._round_trip(self._describe, table)
         except UnknownSequenceError:
@@ -216,36 +250,56 @@ class TicketServer:
         if info is None:
             # Flickr's table with no row yet; its stride comes from the server.
             info = TableInfo(*(self.stride or (1, 1)), None)
-        if self.stride is not None:
+        self._check_paused(table, info)
+        if self.stride is not None and (info.increment, info.offset) != self.stride:
             increment, offset = self.stride
-            if info.increment != increment or (info.offset - offset) % increment != 0:
-                raise StrideMismatchError(
-                    f"{self} has increment={info.increment}, offset={info.offset} for "
-                    f"{table.label}, but its position needs increment={increment}, "
-                    f"offset={offset}; fix the server (or the order of the servers) before "
-                    "issuing ids, or ids would be duplicated"
-                )
+            raise StrideMismatchError(
+                f"{self} has increment={info.increment}, offset={info.offset} for "
+                f"{table.label}, but its position needs increment={increment}, "
+                f"offset={offset}; fix the server (or the order of the servers) before "
+                "issuing ids, or ids would be duplicated"
+            )
+        known = _Known(table, info)
         with self._lock:
-            self._known[table] = info
-        return info  # type: ignore[no-any-return]
+            self._known[sequence, bits] = known
+        return known
 
-    def _after_miss(self, table: TicketTable, count: int, increment: int) -> int:
-        """The take advanced nothing: start Flickr's row, or report exhaustion."""
+    def _check_paused(self, table: TicketTable, info: TableInfo) -> None:
+        if info.offset == PAUSED_OFFSET:
+            raise TicketServerUnavailable(
+                f"{table.label} on {self} is paused while its servers are restrided; "
+                "it issues ids again when the restride completes"
+            )
+
+    def _after_miss(self, known: _Known, count: int) -> tuple[TableInfo, int]:
+        """The take advanced nothing: the stride changed, Flickr's row is missing, or the
+        sequence is exhausted. Returns the stride used and the block's last id."""
+        table = known.table
         info = self._round_trip(self._describe, table)
+        if info is not None and info.last_id is not None and not table.flickr:
+            old = known.info
+            if (info.increment, info.offset) != (old.increment, old.offset):
+                self._check_paused(table, info)
+                self._accept_new_stride(known, info)
+                last = self._round_trip(self._take, table, count, info)
+                if last is not None:
+                    return info, int(last)
+                return self._after_miss(known, count)
+        stride = known.info
         if info is None or info.last_id is None:
             first = int(self._round_trip(self._start_row, table))
             if count == 1:
-                return first
+                return stride, first
             # The rest of the block follows on unless another client got in between.
-            last = self._round_trip(self._take, table, count - 1, increment)
-            if last is not None and last - (count - 2) * increment == first + increment:
-                return int(last)
-            last = self._round_trip(self._take, table, count, increment)
+            last = self._round_trip(self._take, table, count - 1, stride)
+            if last is not None and last - (count - 1) * stride.increment == first:
+                return stride, int(last)
+            last = self._round_trip(self._take, table, count, stride)
             if last is not None:
-                return int(last)
+                return stride, int(last)
             info = self._round_trip(self._describe, table)
         last_id = info.last_id if info is not None and info.last_id is not None else 0
-        left = max(0, (table.max_id - last_id) // increment)
+        left = max(0, (table.max_id - last_id) // stride.increment)
         raise ExhaustedError(
             f"sequence {table.label} on {self} cannot issue {count} more id(s): "
             f"{left} left below {table.max_id} (the {table.bits}-bit limit); move it to a "
@@ -253,8 +307,24 @@ class TicketServer:
             remaining=left,
         )
 
-    def _take(self, cursor: Any, table: TicketTable, count: int, increment: int) -> int | None:
-        return self._backend.take_block(cursor, self.engine.dialect, table, count, increment)
+    def _accept_new_stride(self, known: _Known, info: TableInfo) -> None:
+        """A restride changed the table's stride while this process ran. The new stride is
+        taken if this server kept its position (its offset); ``StrideMismatchError`` if not."""
+        if self.stride is not None and info.offset != self.stride[1]:
+            raise StrideMismatchError(
+                f"{self} was restrided to increment={info.increment}, offset={info.offset} for "
+                f"{known.table.label}, which no longer matches its position (offset "
+                f"{self.stride[1]}); give this process the new list of servers"
+            )
+        logger.warning(
+            "%s: %s now has increment=%d, offset=%d (was %d, %d)",
+            self, known.table.label, info.increment, info.offset,
+            known.info.increment, known.info.offset,
+        )
+        known.info = info
+
+    def _take(self, cursor: Any, table: TicketTable, count: int, info: TableInfo) -> int | None:
+        return self._backend.take_block(cursor, self.engine.dialect, table, count, info)
 
     def _describe(self, cursor: Any, table: TicketTable) -> TableInfo | None:
         return self._backend.describe(cursor, self.engine.dialect, table)
@@ -269,39 +339,54 @@ class TicketServer:
         return int(start(cursor, self.engine.dialect, table))
 
     def _round_trip(self, work: Any, table: TicketTable, *args: Any) -> Any:
-        """Run ``work(cursor, table, *args)`` on a pooled connection, bounded by the watchdog."""
+        """Run ``work(cursor, table, *args)`` on a kept connection, bounded by the watchdog."""
         with self._lock:
             self._round_trips += 1
-        try:
-            conn = self.engine.raw_connection()
-        except (sa_exc.DBAPIError, self.engine.dialect.loaded_dbapi.Error) as error:
-            raise self._unavailable(error) from error
+            held = self._idle.pop() if self._idle else None
+        if held is None:
+            try:
+                conn = self.engine.raw_connection()
+                cursor = conn.cursor()
+            except (sa_exc.DBAPIError, self.engine.dialect.loaded_dbapi.Error) as error:
+                raise self._unavailable(error) from error
+        else:
+            conn, cursor = held
         fd = self._backend.socket_fd(conn.dbapi_connection)
         token = watchdog.arm(fd, self.timeout) if fd is not None else None
         try:
-            cursor = conn.cursor()
-            try:
-                return work(cursor, table, *args)
-            finally:
-                cursor.close()
+            result = work(cursor, table, *args)
         except self.engine.dialect.loaded_dbapi.Error as error:
+            dbapi = self.engine.dialect.loaded_dbapi
             if self._backend.is_missing_table(error):
-                conn.close()
+                self._keep(conn, cursor)
                 raise UnknownSequenceError(
                     f"no ticket table {table.name} for sequence {table.label} on {self}; "
                     f"create it with `sqlalchemy-tickets init --url URL "
                     f"{table.sequence or ''}` or op.create_ticket_table()"
                 ) from error
-            dbapi = self.engine.dialect.loaded_dbapi
+            _close_quietly(cursor)
             if isinstance(error, (dbapi.OperationalError, dbapi.InterfaceError)):
                 conn.invalidate(error)
                 raise self._unavailable(error) from error
+            conn.invalidate(error)
             raise TicketsError(f"ticket server {self} rejected {table.label}: {error}") from error
+        except BaseException:
+            _close_quietly(cursor)
+            conn.invalidate()
+            raise
         finally:
             if token is not None:
                 watchdog.disarm(token)
-            if conn.dbapi_connection is not None:
-                conn.close()
+        self._keep(conn, cursor)
+        return result
+
+    def _keep(self, conn: Any, cursor: Any) -> None:
+        with self._lock:
+            if len(self._idle) < self.pool_size:
+                self._idle.append((conn, cursor))
+                return
+        _close_quietly(cursor)
+        conn.close()
 
     def _unavailable(self, error: BaseException) -> TicketServerUnavailable:
         message = str(getattr(error, "orig", None) or error).strip().splitlines()
