@@ -99,34 +99,38 @@ def _plan(mapper: Mapper[Any]) -> tuple[tuple[str, AssignedIdType], ...]:
 
 @event.listens_for(Session, "before_flush")
 def _assign_ids(session: Session, flush_context: UOWTransaction, instances: Any) -> None:
+    # Per object this is on every flush's path, for every model: group the pending states by
+    # mapper first, so models without id columns cost one dict append, and the plan, the
+    # engine and the group of each id column are worked out once per mapper, not per object.
+    by_mapper: dict[Mapper[Any], list[Any]] = {}
+    for state in session._new:
+        found = by_mapper.get(state.mapper)
+        if found is None:
+            by_mapper[state.mapper] = [state]
+        else:
+            found.append(state)
     groups: dict[Hashable, tuple[AssignedIdType, EngineGetter, list[tuple[Any, str]]]] = {}
-    for obj in session.new:
-        state = sa.inspect(obj)
-        mapper = state.mapper
+    for mapper, states in by_mapper.items():
         plan = _plan(mapper)
         if not plan:
             continue
         engine = _engine_getter(session, mapper)
         for key, type_ in plan:
-            if state.dict.get(key) is not None:
+            targets = [(state, key) for state in states if state.dict.get(key) is None]
+            if not targets:
                 continue
             group = type_.assign_group(engine)
             entry = groups.get(group)
             if entry is None:
-                entry = groups[group] = (type_, engine, [])
-            entry[2].append((obj, key))
+                groups[group] = (type_, engine, targets)
+            else:
+                entry[2].extend(targets)
     for type_, engine, targets in groups.values():
         new_ids = _off_the_loop(type_.new_ids, engine, len(targets))
-        for (obj, key), new_id in zip(targets, new_ids, strict=True):
-            setattr(obj, key, new_id)
-
-
-def _off_the_loop(fn: Callable[..., list[Any]], *args: Any) -> list[Any]:
-    """Call ``fn``; under ``AsyncSession`` (a flush inside SQLAlchemy's greenlet), in a worker
-    thread awaited by the event loop, so a ticket round trip never blocks the loop."""
-    if in_greenlet():
-        return await_only(asyncio.to_thread(fn, *args))
-    return fn(*args)
+        for (state, key), new_id in zip(targets, new_ids, strict=True):
+            # Straight into the state: a pending object's INSERT is built from it, and no
+            # history is needed for a key that was never loaded.
+            state.dict[key] = new_id
 
 
 def _engine_getter(session: Session, mapper: Mapper[Any]) -> EngineGetter:
@@ -140,3 +144,11 @@ def _engine_getter(session: Session, mapper: Mapper[Any]) -> EngineGetter:
         return found[0]
 
     return engine
+
+
+def _off_the_loop(fn: Callable[..., list[Any]], *args: Any) -> list[Any]:
+    """Call ``fn``; under ``AsyncSession`` (a flush inside SQLAlchemy's greenlet), in a worker
+    thread awaited by the event loop, so a ticket round trip never blocks the loop."""
+    if in_greenlet():
+        return await_only(asyncio.to_thread(fn, *args))
+    return fn(*args)
