@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .app_types import UUID7, ObjectId, PrefixedId, SnowflakeId
 from .errors import (
     ExhaustedError,
     StrideMismatchError,
@@ -26,9 +27,13 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
+    "UUID7",
     "CachedSource",
     "CommitOutcomeUnknownError",
     "ExhaustedError",
+    "ObjectId",
+    "PrefixedId",
+    "SnowflakeId",
     "StrideMismatchError",
     "TicketId",
     "TicketServer",

@@ -378,6 +378,11 @@ class PrefixedId(AssignedIdType, TypeDecorator[str]):
     def coerce_compared_value(self, op: Any, value: Any) -> Any:
         return self if op in _WHOLE_ID_OPERATORS else sa.String()
 
+    def check_assigned(self, value: Any) -> None:
+        # A flush refuses a foreign prefix itself, as a plain TicketsError (a ValueError),
+        # rather than as the StatementError SQLAlchemy wraps bind-time errors in.
+        self.process_bind_param(value, None)  # type: ignore[arg-type]
+
     def assign_group(self, engine: EngineGetter) -> Hashable:
         return self.generator
 
@@ -426,6 +431,11 @@ class ObjectId(AssignedIdType, TypeDecorator[str]):
 
     def coerce_compared_value(self, op: Any, value: Any) -> Any:
         return self if op in _WHOLE_ID_OPERATORS else sa.String()
+
+    def check_assigned(self, value: Any) -> None:
+        # A flush refuses a foreign prefix itself, as a plain TicketsError (a ValueError),
+        # rather than as the StatementError SQLAlchemy wraps bind-time errors in.
+        self.process_bind_param(value, None)  # type: ignore[arg-type]
 
     def assign_group(self, engine: EngineGetter) -> Hashable:
         return self.generator

@@ -39,6 +39,10 @@ class AssignedIdType:
         """``count`` fresh ids for rows written through ``engine()``."""
         raise NotImplementedError
 
+    def check_assigned(self, value: Any) -> None:
+        """Refuse a value set by hand that the column cannot hold (``TicketsError``), at flush
+        time, before any SQL runs. The default accepts everything."""
+
     # SQLAlchemy calls this when the type is given to a Column (SchemaEventTarget protocol).
     def _set_parent(self, parent: Any, outer: bool = False, **kw: Any) -> None:
         if isinstance(parent, sa.Column):
@@ -116,6 +120,11 @@ def _assign_ids(session: Session, flush_context: UOWTransaction, instances: Any)
             continue
         engine = _engine_getter(session, mapper)
         for key, type_ in plan:
+            if type(type_).check_assigned is not AssignedIdType.check_assigned:
+                for state in states:
+                    value = state.dict.get(key)
+                    if value is not None:
+                        type_.check_assigned(value)
             targets = [(state, key) for state in states if state.dict.get(key) is None]
             if not targets:
                 continue

@@ -29,11 +29,22 @@ from __future__ import annotations
 
 from . import render, toimpl  # noqa: F401  (registration side effects)
 from .compare import include_object, is_ticket_table_name, ticket_tables
-from .ops import CreateTicketTableOp, DropTicketTableOp
+from .ops import (
+    CreateTicketTableOp,
+    CreateWorkerLeaseTableOp,
+    DropTicketTableOp,
+    DropWorkerLeaseTableOp,
+    RestrideTicketTableOp,
+    SyncTicketSequenceOp,
+)
 
 __all__ = [
     "CreateTicketTableOp",
+    "CreateWorkerLeaseTableOp",
+    "DropWorkerLeaseTableOp",
     "DropTicketTableOp",
+    "RestrideTicketTableOp",
+    "SyncTicketSequenceOp",
     "include_object",
     "is_ticket_table_name",
     "ticket_tables",

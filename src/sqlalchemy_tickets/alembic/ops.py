@@ -18,6 +18,7 @@ Arguments are validated when the operation is built, before any SQL is emitted o
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from alembic.operations import MigrateOperation, Operations
@@ -30,8 +31,16 @@ from .._naming import (
     ticket_table,
 )
 from ..dialects.base import TableSpec
+from ..errors import TicketsError
 
-__all__ = ["CreateTicketTableOp", "DropTicketTableOp"]
+__all__ = [
+    "CreateTicketTableOp",
+    "CreateWorkerLeaseTableOp",
+    "DropWorkerLeaseTableOp",
+    "DropTicketTableOp",
+    "RestrideTicketTableOp",
+    "SyncTicketSequenceOp",
+]
 
 
 class _TicketTableOp(MigrateOperation):
@@ -195,3 +204,142 @@ class DropTicketTableOp(_TicketTableOp):
         if kw["bits"] == 64:
             del kw["bits"]
         return kw
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}\Z")
+
+
+def _identifier(kind: str, name: str) -> str:
+    if not isinstance(name, str) or not _IDENTIFIER.match(name):
+        raise TicketsError(f"invalid {kind} name {name!r}: use a plain SQL identifier")
+    return name
+
+
+@Operations.register_operation("sync_ticket_sequence")
+class SyncTicketSequenceOp(_TicketTableOp):
+    """Move a sequence above ``max(column)`` of an application table in the same database —
+    the cut-over of a model from auto-increment to ``TicketId`` (Flickr synced its Photos
+    sequence to the old auto-increment table). One UPDATE that never moves a sequence down, so
+    it is safe beside running clients, online and in ``--sql`` scripts. Irreversible: its
+    reverse does nothing (ids are never handed out twice)."""
+
+    def __init__(
+        self,
+        sequence: str | None,
+        table: str,
+        column: str = "id",
+        *,
+        bits: int = 64,
+        table_template: str = DEFAULT_TABLE_TEMPLATE,
+    ) -> None:
+        super().__init__(sequence, bits=bits, table_template=table_template)
+        self.table = _identifier("table", table)
+        self.column = _identifier("column", column)
+
+    @classmethod
+    def sync_ticket_sequence(
+        cls,
+        operations: Operations,
+        sequence: str | None,
+        table: str,
+        column: str = "id",
+        *,
+        bits: int = 64,
+        table_template: str = DEFAULT_TABLE_TEMPLATE,
+    ) -> None:
+        """Make every id ``sequence`` issues from now on larger than ``max(table.column)``."""
+        operations.invoke(
+            cls(sequence, table, column, bits=bits, table_template=table_template)
+        )
+
+    def reverse(self) -> MigrateOperation:
+        return _NoOp()
+
+
+@Operations.register_operation("restride_ticket_table")
+class RestrideTicketTableOp(_TicketTableOp):
+    """Give one server's named sequence a new stride, its next id above ``above`` (default:
+    above its own last id). For a maintenance window, server by server with the same
+    ``above``; with clients running, use ``sqlalchemy-tickets restride``, which pauses every
+    server first."""
+
+    def __init__(
+        self,
+        sequence: str,
+        *,
+        increment: int,
+        offset: int,
+        above: int = 0,
+        table_template: str = DEFAULT_TABLE_TEMPLATE,
+    ) -> None:
+        super().__init__(sequence, bits=64, table_template=table_template)
+        if sequence is None:
+            raise TicketsError(
+                "Flickr's tables take their stride from the server's auto_increment_* "
+                "settings; restride named sequences only"
+            )
+        check_stride(max(1, above), increment, offset, 64)
+        self.increment = increment
+        self.offset = offset
+        self.above = above
+
+    @classmethod
+    def restride_ticket_table(
+        cls,
+        operations: Operations,
+        sequence: str,
+        *,
+        increment: int,
+        offset: int,
+        above: int = 0,
+        table_template: str = DEFAULT_TABLE_TEMPLATE,
+    ) -> None:
+        """Set ``sequence``'s increment and offset; its next id is above ``above`` and above
+        every id it issued."""
+        operations.invoke(
+            cls(sequence, increment=increment, offset=offset, above=above,
+                table_template=table_template)
+        )
+
+    def reverse(self) -> MigrateOperation:
+        return _NoOp()
+
+
+class _NoOp(MigrateOperation):
+    """The reverse of an operation that cannot be undone without reissuing ids."""
+
+
+@Operations.register_operation("create_worker_lease_table")
+class CreateWorkerLeaseTableOp(MigrateOperation):
+    """Create the table ``SnowflakeId`` leases its worker ids from (if it does not exist)."""
+
+    def __init__(self, *, name: str = "tickets_worker_leases") -> None:
+        self.name = _identifier("table", name)
+
+    @classmethod
+    def create_worker_lease_table(
+        cls, operations: Operations, *, name: str = "tickets_worker_leases"
+    ) -> None:
+        """Create the worker-id lease table."""
+        operations.invoke(cls(name=name))
+
+    def reverse(self) -> DropWorkerLeaseTableOp:
+        return DropWorkerLeaseTableOp(name=self.name)
+
+
+@Operations.register_operation("drop_worker_lease_table")
+class DropWorkerLeaseTableOp(MigrateOperation):
+    """Drop the worker-id lease table (it forgets each worker's last timestamp)."""
+
+    def __init__(self, *, name: str = "tickets_worker_leases") -> None:
+        self.name = _identifier("table", name)
+
+    @classmethod
+    def drop_worker_lease_table(
+        cls, operations: Operations, *, name: str = "tickets_worker_leases"
+    ) -> None:
+        """Drop the worker-id lease table."""
+        operations.invoke(cls(name=name))
+
+    def reverse(self) -> CreateWorkerLeaseTableOp:
+        return CreateWorkerLeaseTableOp(name=self.name)

@@ -17,8 +17,17 @@ import sqlalchemy as sa
 from alembic.operations import Operations
 
 from ..dialects import backend_for
-from ..dialects.base import TableSpec, TicketBackend
-from .ops import CreateTicketTableOp, DropTicketTableOp
+from ..dialects.base import TableSpec, TicketBackend, last_id_below
+from ..generators.lease import drop_lease_table_statements, lease_table_statements
+from .ops import (
+    CreateTicketTableOp,
+    CreateWorkerLeaseTableOp,
+    DropTicketTableOp,
+    DropWorkerLeaseTableOp,
+    RestrideTicketTableOp,
+    SyncTicketSequenceOp,
+    _NoOp,
+)
 
 
 def _backend(operations: Operations) -> TicketBackend:
@@ -87,4 +96,43 @@ def _offline_stride_note(operations: Operations, backend: TicketBackend, spec: T
 def drop_ticket_table(operations: Operations, operation: DropTicketTableOp) -> None:
     backend = _backend(operations)
     for statement in backend.drop_statements(TableSpec(operation.ticket_table)):
+        _emit(operations, statement)
+
+
+@Operations.implementation_for(SyncTicketSequenceOp)
+def sync_ticket_sequence(operations: Operations, operation: SyncTicketSequenceOp) -> None:
+    backend = _backend(operations)
+    t = backend.table(TableSpec(operation.ticket_table))
+    source = sa.table(operation.table, sa.column(operation.column))
+    floor = sa.select(sa.func.coalesce(sa.func.max(source.c[operation.column]), 0))
+    _emit(operations, backend.raise_floor_statement(t, floor.scalar_subquery()))
+
+
+@Operations.implementation_for(RestrideTicketTableOp)
+def restride_ticket_table(operations: Operations, operation: RestrideTicketTableOp) -> None:
+    backend = _backend(operations)
+    t = backend.table(TableSpec(operation.ticket_table))
+    floor = sa.case((t.c.id > operation.above, t.c.id), else_=operation.above)
+    inc, off = operation.increment, operation.offset
+    last = last_id_below(floor + 1, inc, off)
+    _emit(
+        operations,
+        sa.update(t).where(t.c.stub == "a").values(id=last, increment=inc, offset=off),
+    )
+
+
+@Operations.implementation_for(_NoOp)
+def _no_op(operations: Operations, operation: _NoOp) -> None:
+    """Nothing to undo."""
+
+
+@Operations.implementation_for(CreateWorkerLeaseTableOp)
+def create_worker_lease_table(operations: Operations, operation: CreateWorkerLeaseTableOp) -> None:
+    for statement in lease_table_statements(name=operation.name):
+        _emit(operations, statement)
+
+
+@Operations.implementation_for(DropWorkerLeaseTableOp)
+def drop_worker_lease_table(operations: Operations, operation: DropWorkerLeaseTableOp) -> None:
+    for statement in drop_lease_table_statements(name=operation.name):
         _emit(operations, statement)

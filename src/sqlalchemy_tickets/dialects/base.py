@@ -221,6 +221,21 @@ class TicketBackend:
     def drop_statements(self, spec: TableSpec) -> list[sa.sql.Executable]:
         return [sa.schema.DropTable(self.table(spec), if_exists=True)]
 
+    def stride_of(self, t: sa.Table) -> tuple[sa.ColumnElement[int], sa.ColumnElement[int]]:
+        """SQL expressions for a table's increment and offset."""
+        if "increment" in t.c:
+            return t.c.increment, t.c.offset
+        return sa.literal(1), sa.literal(1)
+
+    def raise_floor_statement(
+        self, t: sa.Table, floor: sa.ColumnElement[int]
+    ) -> sa.sql.Executable:
+        """Move the sequence so its next id is above ``floor``, keeping its residue; a sequence
+        already above is left alone. One statement, so it is atomic beside running clients."""
+        increment, offset = self.stride_of(t)
+        target = last_id_below(floor + 1, increment, offset)
+        return sa.update(t).where(t.c.stub == "a", t.c.id < target).values(id=target)
+
     def check_create(self, connection: sa.Connection, spec: TableSpec) -> None:
         """Refuse, before anything is written, a table the server's settings contradict."""
 
@@ -319,6 +334,13 @@ def advance(t: sa.Table, new_id: sa.ColumnElement[int]) -> sa.Update:
         conditions.append(t.c.increment == sa.bindparam("increment", type_=sa.Integer))
         conditions.append(t.c.offset == sa.bindparam("offset", type_=sa.Integer))
     return sa.update(t).where(*conditions).values(id=new_id)
+
+
+def last_id_below(first: Any, increment: Any, offset: Any) -> Any:
+    """The "last id" that makes the next id the smallest id >= ``first`` congruent to
+    ``offset`` (mod ``increment``) — in SQL or in Python. ``(x % n + n) % n`` because ``%``
+    keeps the sign of ``x`` on these databases."""
+    return first + ((offset - first) % increment + increment) % increment - increment
 
 
 def _select_row(t: sa.Table) -> sa.sql.Executable:

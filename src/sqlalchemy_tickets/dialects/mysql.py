@@ -83,6 +83,14 @@ class MySQLBackend(TicketBackend):
     def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
         return sa.insert(table).values(**row).prefix_with("IGNORE")
 
+    def stride_of(self, t: sa.Table) -> tuple[sa.ColumnElement[int], sa.ColumnElement[int]]:
+        if "increment" in t.c:
+            return t.c.increment, t.c.offset
+        return (
+            sa.literal_column("@@auto_increment_increment"),
+            sa.literal_column("@@auto_increment_offset"),
+        )
+
     def check_create(self, connection: sa.Connection, spec: TableSpec) -> None:
         if not spec.table.flickr or (spec.increment, spec.offset) == (1, 1):
             return

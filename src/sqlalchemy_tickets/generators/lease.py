@@ -300,7 +300,13 @@ class WorkerLease:
     def acquire(self, worker_limit: int) -> LeaseGrant:
         """Take a free worker id below ``worker_limit``; raise :class:`TicketsError` if all
         ``worker_limit`` ids are held by live leases."""
-        self.ensure_table()
+        try:
+            self.ensure_table()
+        except sa_exc.DBAPIError as error:
+            raise TicketsError(
+                f"cannot create the worker lease table in {self.url.render_as_string()}: "
+                f"{error.orig}"
+            ) from error
         t = self.table
         now = db_now_ms()
         token = secrets.token_hex(16)

@@ -73,7 +73,8 @@ DEFAULT_MAX_BACKWARD_MS = 5
 
 # (start ns, end ns, counter, limit): the ids of one millisecond.
 _Window = tuple[int, int, Iterator[int], int]
-_CLOSED: _Window = (0, 0, itertools.count(), 0)  # matches no clock reading, issues nothing
+# Matches no clock reading and issues nothing (its iterator yields 0, never below limit 0).
+_CLOSED: _Window = (0, 0, itertools.repeat(0), 0)
 
 
 def wait(seconds: float) -> None:
@@ -294,6 +295,7 @@ class SnowflakeGenerator:
                     continue
                 if self._worker is None:
                     self._acquire(ms)
+                    now = self.clock()  # the round trips took time
                     continue
                 floor = self._floor_ms
                 if ms <= floor:
@@ -304,6 +306,7 @@ class SnowflakeGenerator:
                     continue
                 if ms > self._limit_ms:
                     self._renew_now(ms)
+                    now = self.clock()
                     continue
                 t = ms - self.epoch_ms
                 layout = self.layout
@@ -355,9 +358,11 @@ class SnowflakeGenerator:
         until = max(ms + lease.ttl_ms, floor)
         try:
             renewed = lease.renew(grant, until)
-        except Exception:
+        except Exception as error:
             self._release_quietly(lease, grant, grant.issued_until_ms)
-            raise
+            raise TicketsError(
+                f"leased worker id {grant.worker_id} but could not record its lease: {error}"
+            ) from error
         if not renewed:
             raise TicketsError(f"lost worker id {grant.worker_id} right after leasing it")
         self._grant = grant

@@ -6,6 +6,7 @@ import logging
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +118,9 @@ class TicketServer:
         self.table_template = check_table_template(table_template)
         self.storage_engine = storage_engine
         self.pool_size = pool_size
+        #: Where a table this server creates on first use starts: above what its peers issued
+        #: (set by TicketServers), so a server added with an empty database cannot reissue ids.
+        self.start_above: Callable[[TicketTable], int] | None = None
         self._backend: TicketBackend = backend_for(url.get_backend_name())
         options = self._backend.engine_options(url, self.timeout)
         if "poolclass" not in options:
@@ -245,7 +249,8 @@ class TicketServer:
         except UnknownSequenceError:
             if not self.create_missing:
                 raise
-            self.create(table.sequence, bits=table.bits)
+            start = self.start_above(table) + 1 if self.start_above is not None else 1
+            self.create(table.sequence, bits=table.bits, start=max(1, start))
             info = self._round_trip(self._describe, table)
         if info is None:
             # Flickr's table with no row yet; its stride comes from the server.

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import URL, Engine
 
+from .._naming import TicketTable
 from ..errors import TicketsError, TicketServerUnavailable
 from .server import TicketServer
 
@@ -63,6 +64,8 @@ class TicketServers:
                 )
             members.append(_Member(member))
         self._members = members
+        for joined in members:
+            joined.server.start_above = self._highest_elsewhere
         self._backoff = backoff
         self._max_backoff = max_backoff
         self._clock = clock
@@ -104,6 +107,19 @@ class TicketServers:
             f"no ticket server answered for {sequence or 'Tickets' + str(bits)}: "
             + "; ".join(errors)
         )
+
+    def _highest_elsewhere(self, table: TicketTable) -> int:
+        """The highest id the servers that answer have issued for ``table``: a server that
+        creates the table on first use starts above it."""
+        highest = 0
+        for member in self._members:
+            try:
+                info = member.server.describe(table.sequence, bits=table.bits)
+            except TicketsError:
+                continue
+            if info is not None and info.last_id is not None:
+                highest = max(highest, info.last_id)
+        return highest
 
     def status(self) -> list[dict[str, object]]:
         """Each server's health as this process sees it."""
