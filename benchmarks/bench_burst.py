@@ -215,9 +215,10 @@ def run_backend(backend: str, phases: list[Phase], supply: float, window: float)
             # First contact (creating the ticket table) is done outside the cache, so the
             # warm-up shows the cache learning the rate, not DDL.
             server.next_id(SEQ)
-            log(f"[{backend}] {redact(url)}: " + ", ".join(
-                f"{p.name} {p.rate:,.0f}/s x {p.seconds:g} s" for p in phases
-            ))
+            log(
+                f"[{backend}] {redact(url)}: "
+                + ", ".join(f"{p.name} {p.rate:,.0f}/s x {p.seconds:g} s" for p in phases)
+            )
             run = drive(cache, phases)
             cache.wait_idle(5.0)
             final = cache.stats()
@@ -232,7 +233,8 @@ def run_backend(backend: str, phases: list[Phase], supply: float, window: float)
     for p in phases_out:
         log(
             f"  {p['phase']:8s} {p['ids']:7,d} ids at {p['achieved_rate']:8,.0f}/s: "
-            f"{p['round_trips']:3d} round trips = {p['round_trips_per_1000_ids']:.3f} per 1,000 ids, "
+            f"{p['round_trips']:3d} round trips = "
+            f"{p['round_trips_per_1000_ids']:.3f} per 1,000 ids, "
             f"blocking waits {p['blocking_waits']}, block {p['block_size_range'][0]}-"
             f"{p['block_size_range'][1]}, min in hand {p['min_in_hand']}, worst lag "
             f"{p['worst_lag_ms']:.1f} ms, worst next_id {p['worst_next_id_ms']:.2f} ms"
@@ -288,12 +290,27 @@ def plot_results(
             if row == 0:
                 # Demand beside the block size: the rate estimate x supply is the block asked for.
                 twin = ax.twinx()
-                rates = [(b["ids"] - a["ids"]) / (b["t"] - a["t"]) if b["t"] > a["t"] else 0
-                         for a, b in zip(samples, samples[1:])]
-                twin.step(ts[1:], rates, where="pre", color="tab:orange", linewidth=0.9,
-                          alpha=0.8, zorder=2)
-                twin.plot(ts, [s["rate"] for s in samples], color="tab:green", linewidth=1.1,
-                          linestyle="--", zorder=2)
+                rates = [
+                    (b["ids"] - a["ids"]) / (b["t"] - a["t"]) if b["t"] > a["t"] else 0
+                    for a, b in zip(samples, samples[1:], strict=False)
+                ]
+                twin.step(
+                    ts[1:],
+                    rates,
+                    where="pre",
+                    color="tab:orange",
+                    linewidth=0.9,
+                    alpha=0.8,
+                    zorder=2,
+                )
+                twin.plot(
+                    ts,
+                    [s["rate"] for s in samples],
+                    color="tab:green",
+                    linewidth=1.1,
+                    linestyle="--",
+                    zorder=2,
+                )
                 twin.set_ylim(0, max(rates + [1]) * 1.25)
                 twin.tick_params(axis="y", labelcolor="tab:orange")
                 if col == len(backends) - 1:
@@ -313,17 +330,24 @@ def plot_results(
                 for i, p in enumerate(result["phases"]):
                     per = p["round_trips_per_1000_ids"]
                     ax.text(
-                        (marks[i] + marks[i + 1]) / 2, top * 1.3,
+                        (marks[i] + marks[i + 1]) / 2,
+                        top * 1.3,
                         f"{p['round_trips']} RT\n{per:.3f}/1k ids" if per is not None else "",
-                        ha="center", va="top", fontsize=8,
+                        ha="center",
+                        va="top",
+                        fontsize=8,
                     )
             if row == 3:
                 ax.set_ylim(0, max(ys + [1]) * 1.3 + 0.5)
                 ax.set_xlabel("seconds since start")
                 for i, p in enumerate(result["phases"]):
                     ax.text(
-                        (marks[i] + marks[i + 1]) / 2, ax.get_ylim()[1] * 0.93,
-                        f"+{p['blocking_waits']}", ha="center", va="top", fontsize=8.5,
+                        (marks[i] + marks[i + 1]) / 2,
+                        ax.get_ylim()[1] * 0.93,
+                        f"+{p['blocking_waits']}",
+                        ha="center",
+                        va="top",
+                        fontsize=8.5,
                         color="red" if p["blocking_waits"] and p["phase"] != "warm-up" else "black",
                     )
     handles = [
@@ -334,17 +358,22 @@ def plot_results(
         plt.Line2D([], [], color="tab:orange", label="ids/s issued (per sample)"),
         plt.Line2D([], [], color="tab:green", linestyle="--", label="cache's rate estimate"),
     ]
-    fig.legend(handles=handles, loc="lower center", ncol=6, fontsize=8.5, bbox_to_anchor=(0.5, 0.02))
+    fig.legend(
+        handles=handles, loc="lower center", ncol=6, fontsize=8.5, bbox_to_anchor=(0.5, 0.02)
+    )
     fig.suptitle(
         f"Tenfold burst through CachedSource(TicketServer(db), supply={params['supply']:g} s, "
         f"window={params['window']:g} s): one process, real time",
         fontsize=12,
     )
     fig.text(
-        0.01, 0.005,
+        0.01,
+        0.005,
         "Round trips are refills of the background thread, counted when they land. "
-        f"Load generator paced by the monotonic clock (tick {TICK * 1e3:g} ms). {load_text(env)} at start",
-        fontsize=7.5, color="dimgray",
+        f"Load generator paced by the monotonic clock (tick {TICK * 1e3:g} ms). "
+        f"{load_text(env)} at start",
+        fontsize=7.5,
+        color="dimgray",
     )
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
@@ -393,11 +422,12 @@ def main(argv: list[str] | None = None) -> int:
     json_path = write_json(NAME, payload)
     png_path = plot_results(results, phases, params, env)
     log("")
-    log(f"{NAME}: R={base:,.0f}/s, 10R burst, {length:g} s phases, supply {supply:g} s, window {window:g} s")
+    log(
+        f"{NAME}: R={base:,.0f}/s, 10R burst, {length:g} s phases, supply {supply:g} s, "
+        f"window {window:g} s"
+    )
     for backend, r in results.items():
-        per = ", ".join(
-            f"{p['phase']} {p['round_trips_per_1000_ids']:.3f}" for p in r["phases"]
-        )
+        per = ", ".join(f"{p['phase']} {p['round_trips_per_1000_ids']:.3f}" for p in r["phases"])
         lag = max(p["worst_lag_ms"] for p in r["phases"][1:])
         log(
             f"  {backend}: round trips per 1,000 ids: {per}; blocking waits after warm-up "

@@ -149,6 +149,7 @@ class CachedSource:
         self._lanes: dict[tuple[str | None, int], _Lane] = {}
         # The hot path: each lane's ``ready.popleft``, bound once, keyed as callers spell it.
         self._pop: dict[tuple[str | None, int], Callable[[], int]] = {}
+        self._pop64: dict[str | None, Callable[[], int]] = {}
         self._lanes_lock = threading.Lock()
         self._closed = threading.Event()
         self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="tickets-refill")
@@ -162,6 +163,10 @@ class CachedSource:
     def next_id(self, sequence: str | None = None, *, bits: int = 64) -> int:
         """One id, from memory unless the cache is empty."""
         try:
+            # Keyed by the name alone for 64 bits: hashing a (name, bits) tuple per call would
+            # cost more than the rest of this method.
+            if bits == 64:
+                return self._pop64[sequence]()
             return self._pop[sequence, bits]()
         except (KeyError, IndexError):
             return self._next_id_slow(sequence, bits)
@@ -271,6 +276,7 @@ class CachedSource:
     def _reset_after_fork(self) -> None:
         self._lanes = {}
         self._pop = {}
+        self._pop64 = {}
         self._lanes_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(
             self._executor._max_workers, thread_name_prefix="tickets-refill"
@@ -297,6 +303,8 @@ class CachedSource:
                 # The caller's spelling maps to the same lane: "Photos" and "photos" are one.
                 self._lanes[sequence, bits] = lane
                 self._pop[sequence, bits] = lane.ready.popleft
+                if bits == 64:
+                    self._pop64[sequence] = lane.ready.popleft
         return lane
 
     def _next_id_slow(self, sequence: str | None, bits: int) -> int:
