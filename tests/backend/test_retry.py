@@ -137,6 +137,28 @@ def test_lost_commit_reply_of_a_graph_with_foreign_keys(rig: Rig) -> None:
     assert pairs == {(c.id, p.id) for p in made for c in p.children}
 
 
+def test_a_graph_nobody_kept_is_rebuilt_for_the_replay(rig: Rig) -> None:
+    # The caller keeps no reference: after the flush the objects are gone, and the replay
+    # rebuilds them from what was flushed, foreign keys included.
+    def work(session: Session) -> None:
+        for i in range(5):
+            session.add(Parent(name=f"lost{i}", children=[Child() for _ in range(3)]))
+
+    rig.proxy.swallow_reply_after(rig.commit)
+    retry_session(rig.factory, work, sleep=no_sleep)
+    assert rig.proxy.faults_fired == 1
+    assert rig.count(Parent) == 5 and rig.count(Child) == 15
+    direct = sa.create_engine(rig.url)
+    with direct.connect() as conn:
+        orphans = conn.scalar(
+            sa.select(sa.func.count()).select_from(Child.__table__).where(
+                Child.__table__.c.parent_id.not_in(sa.select(Parent.__table__.c.id))
+            )
+        )
+    direct.dispose()
+    assert orphans == 0
+
+
 def test_two_hundred_lost_replies_in_a_row(rig: Rig) -> None:
     ids = []
     for i in range(200):
