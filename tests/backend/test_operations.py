@@ -130,10 +130,11 @@ def _draw_until(urls: list[str], stop_file: str, out_file: str) -> None:
     Path(out_file).write_text(json.dumps(ids))
 
 
+@pytest.mark.parametrize("backend", ["postgresql", "mysql"])
 def test_restride_under_concurrent_allocation_never_duplicates(
-    make_database, tmp_path: Path
+    make_database, tmp_path: Path, backend: str
 ) -> None:
-    a, b, c = (make_database("postgresql") for _ in range(3))
+    a, b, c = (make_database(backend) for _ in range(3))
     run("init", "--url", a, "photos", "--increment", "2", "--offset", "1")
     run("init", "--url", b, "photos", "--increment", "2", "--offset", "2")
     stop = str(tmp_path / "stop")
