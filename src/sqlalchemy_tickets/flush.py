@@ -106,26 +106,29 @@ def _assign_ids(session: Session, flush_context: UOWTransaction, instances: Any)
     # Per object this is on every flush's path, for every model: group the pending states by
     # mapper first, so models without id columns cost one dict append, and the plan, the
     # engine and the group of each id column are worked out once per mapper, not per object.
-    by_mapper: dict[Mapper[Any], list[Any]] = {}
-    for state in session._new:
-        found = by_mapper.get(state.mapper)
+    by_class: dict[Any, list[Any]] = {}
+    for state, obj in session._new.items():
+        found = by_class.get(state.manager)
         if found is None:
-            by_mapper[state.mapper] = [state]
+            by_class[state.manager] = [obj]
         else:
-            found.append(state)
+            found.append(obj)
     groups: dict[Hashable, tuple[AssignedIdType, EngineGetter, list[tuple[Any, str]]]] = {}
-    for mapper, states in by_mapper.items():
+    for manager, objects in by_class.items():
+        mapper = manager.mapper
         plan = _plan(mapper)
         if not plan:
             continue
+        # The objects' attribute dicts, fetched once: InstanceState.dict is a property.
+        dicts = list(map(manager.dict_getter(), objects))
         engine = _engine_getter(session, mapper)
         for key, type_ in plan:
             if type(type_).check_assigned is not AssignedIdType.check_assigned:
-                for state in states:
-                    value = state.dict.get(key)
+                for values in dicts:
+                    value = values.get(key)
                     if value is not None:
                         type_.check_assigned(value)
-            targets = [(state, key) for state in states if state.dict.get(key) is None]
+            targets = [(values, key) for values in dicts if values.get(key) is None]
             if not targets:
                 continue
             group = type_.assign_group(engine)
@@ -136,10 +139,10 @@ def _assign_ids(session: Session, flush_context: UOWTransaction, instances: Any)
                 entry[2].extend(targets)
     for type_, engine, targets in groups.values():
         new_ids = _off_the_loop(type_.new_ids, engine, len(targets))
-        for (state, key), new_id in zip(targets, new_ids, strict=True):
-            # Straight into the state: a pending object's INSERT is built from it, and no
-            # history is needed for a key that was never loaded.
-            state.dict[key] = new_id
+        for (values, key), new_id in zip(targets, new_ids, strict=True):
+            # Straight into the object's state: a pending object's INSERT is built from it,
+            # and no history is needed for a key that was never loaded.
+            values[key] = new_id
 
 
 def _engine_getter(session: Session, mapper: Mapper[Any]) -> EngineGetter:
