@@ -95,6 +95,8 @@ class TicketServer:
             :class:`UnknownSequenceError`).
         table_template: how a sequence name becomes a table name (``tickets__{sequence}``).
         pool_size: connections kept open.
+        storage_engine: MySQL/MariaDB storage engine of the tables it creates (``InnoDB`` or
+            ``MyISAM``; Flickr's article shows both).
     """
 
     def __init__(
@@ -161,11 +163,11 @@ class TicketServer:
 
     def next_block(self, sequence: str | None, count: int, *, bits: int = 64) -> range:
         """Exactly ``count`` ids in one round trip, as a ``range`` whose step is the stride."""
+        if type(count) is not int or count < 1:
+            check_count(count)  # before first contact, which may create the table
         known = self._known.get((sequence, bits))
         if known is None:
             known = self._first_contact(sequence, bits)
-        if type(count) is not int or count < 1:
-            check_count(count)
         info = known.info
         last = self._round_trip(self._take, known.table, count, info)
         if last is None:
