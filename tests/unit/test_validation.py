@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import sqlalchemy as sa
 
@@ -103,11 +105,13 @@ def test_bad_strides_are_refused(start: int, increment: int, offset: int, messag
         check_stride(start, increment, offset, 32)
 
 
-def test_block_size_must_be_positive(tmp_path: object) -> None:
-    server = TicketServer("sqlite://")
+def test_block_size_must_be_positive(tmp_path: Path) -> None:
+    server = TicketServer(f"sqlite:///{tmp_path / 'tickets.db'}")
     for count in (0, -1, 1.5, True):
         with pytest.raises(TicketsError, match="count"):
             server.next_block("photos", count)  # type: ignore[arg-type]
+    assert sa.inspect(server.engine).get_table_names() == []  # refused before anything was written
+    server.dispose()
 
 
 def test_storage_types_follow_bits() -> None:
