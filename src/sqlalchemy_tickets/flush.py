@@ -61,17 +61,21 @@ def _core_default(type_: AssignedIdType) -> Callable[[Any], Any]:
     def default(context: Any) -> Any:
         """One id per row; for an executemany, one block for all its rows."""
         connection: Connection = context.connection
+
+        def engine() -> Engine:
+            return connection.engine
+
         rows = len(context.compiled_parameters)
         if rows <= 1:
-            return _off_the_loop(type_.new_ids, lambda: connection.engine, 1)[0]
+            return _off_the_loop(type_.new_ids, engine, 1)[0]
         pending: dict[object, Any] = context.__dict__.setdefault("_sqlalchemy_tickets", {})
         ids = pending.get(key)
         if ids is None:
-            ids = pending[key] = iter(_off_the_loop(type_.new_ids, lambda: connection.engine, rows))
+            ids = pending[key] = iter(_off_the_loop(type_.new_ids, engine, rows))
         try:
             return next(ids)
         except StopIteration:
-            return _off_the_loop(type_.new_ids, lambda: connection.engine, 1)[0]
+            return _off_the_loop(type_.new_ids, engine, 1)[0]
 
     return default
 

@@ -309,12 +309,16 @@ class _NoOp(MigrateOperation):
     """The reverse of an operation that cannot be undone without reissuing ids."""
 
 
-@Operations.register_operation("create_worker_lease_table")
-class CreateWorkerLeaseTableOp(MigrateOperation):
-    """Create the table ``SnowflakeId`` leases its worker ids from (if it does not exist)."""
+class _LeaseTableOp(MigrateOperation):
+    """What both lease-table operations share: the table's (validated) name."""
 
     def __init__(self, *, name: str = "tickets_worker_leases") -> None:
         self.name = _identifier("table", name)
+
+
+@Operations.register_operation("create_worker_lease_table")
+class CreateWorkerLeaseTableOp(_LeaseTableOp):
+    """Create the table ``SnowflakeId`` leases its worker ids from (if it does not exist)."""
 
     @classmethod
     def create_worker_lease_table(
@@ -328,11 +332,8 @@ class CreateWorkerLeaseTableOp(MigrateOperation):
 
 
 @Operations.register_operation("drop_worker_lease_table")
-class DropWorkerLeaseTableOp(MigrateOperation):
+class DropWorkerLeaseTableOp(_LeaseTableOp):
     """Drop the worker-id lease table (it forgets each worker's last timestamp)."""
-
-    def __init__(self, *, name: str = "tickets_worker_leases") -> None:
-        self.name = _identifier("table", name)
 
     @classmethod
     def drop_worker_lease_table(

@@ -122,7 +122,6 @@ class TicketBackend:
     filled under a lock and only read afterwards.
     """
 
-    dialect_names: ClassVar[tuple[str, ...]] = ()
     #: Flickr tables can only carry a stride other than 1/1 where the server supplies it.
     flickr_stride_from_server: ClassVar[bool] = False
 

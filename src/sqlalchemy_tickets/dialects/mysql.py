@@ -29,7 +29,6 @@ _RETRYABLE_CODES = frozenset({1205, 1213, 1053, 1927, 2003, 2006, 2013, 4031})
 
 @register_backend("mysql", "mariadb")
 class MySQLBackend(TicketBackend):
-    dialect_names = ("mysql", "mariadb")
     flickr_stride_from_server = True
     sync_drivername = "mysql+pymysql"
 

@@ -20,7 +20,6 @@ _RETRYABLE_STATES = frozenset({"40001", "40P01", "57014", "57P01", "57P02", "57P
 
 @register_backend("postgresql")
 class PostgreSQLBackend(ReturningBackend):
-    dialect_names = ("postgresql",)
     sync_drivername = "postgresql+psycopg"
 
     def connect_with_timeout(

@@ -26,7 +26,6 @@ def _is_memory(url: URL) -> bool:
 
 @register_backend("sqlite")
 class SQLiteBackend(ReturningBackend):
-    dialect_names = ("sqlite",)
     sync_drivername = "sqlite+pysqlite"
 
     def connect_with_timeout(

@@ -152,6 +152,7 @@ class CachedSource:
         self._pop64: dict[str | None, Callable[[], int]] = {}
         self._lanes_lock = threading.Lock()
         self._closed = threading.Event()
+        self._max_workers = max_workers
         self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="tickets-refill")
         _open_caches.add(self)
 
@@ -207,9 +208,7 @@ class CachedSource:
     def stats(self) -> dict[str, Any]:
         """Counters and estimates, in total and per sequence (keyed ``name/bits``)."""
         per: dict[str, dict[str, Any]] = {}
-        with self._lanes_lock:
-            lanes = {id(lane): lane for lane in self._lanes.values()}.values()
-        for lane in lanes:
+        for lane in self._distinct_lanes():
             with lane.lock:
                 per[f"{lane.sequence or 'Tickets'}/{lane.bits}"] = {
                     "issued": lane.issued,
@@ -235,9 +234,7 @@ class CachedSource:
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no refill is in flight (for tests and orderly shutdowns)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lanes_lock:
-            lanes = list({id(lane): lane for lane in self._lanes.values()}.values())
-        for lane in lanes:
+        for lane in self._distinct_lanes():
             with lane.lock:
                 while lane.refilling:
                     left = None if deadline is None else deadline - time.monotonic()
@@ -254,9 +251,7 @@ class CachedSource:
         # A block still on its way is burned too: let it land so it is counted.
         self.wait_idle(self.timeout)
         burned = 0
-        with self._lanes_lock:
-            lanes = list({id(lane): lane for lane in self._lanes.values()}.values())
-        for lane in lanes:
+        for lane in self._distinct_lanes():
             with lane.lock:
                 lost = lane.in_hand
                 lane.ready.clear()
@@ -279,7 +274,7 @@ class CachedSource:
         self._pop64 = {}
         self._lanes_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(
-            self._executor._max_workers, thread_name_prefix="tickets-refill"
+            self._max_workers, thread_name_prefix="tickets-refill"
         )
 
     def __enter__(self) -> CachedSource:
@@ -289,6 +284,11 @@ class CachedSource:
         self.close()
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _distinct_lanes(self) -> list[_Lane]:
+        """Each lane once (a lane is listed under every spelling callers used)."""
+        with self._lanes_lock:
+            return list({id(lane): lane for lane in self._lanes.values()}.values())
 
     def _lane(self, sequence: str | None, bits: int) -> _Lane:
         lane = self._lanes.get((sequence, bits))

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from sqlalchemy.engine import URL, Engine
 
 from ..dialects import backend_for
+from ..errors import TicketsError
 from .base import TicketSource
 from .cache import CachedSource
 from .server import TicketServer
@@ -30,8 +31,6 @@ def configure(source: TicketSource | str | URL | None) -> None:
     if isinstance(source, (str, URL)):
         source = CachedSource(TicketServer(source))
     elif source is not None and not isinstance(source, TicketSource):
-        from ..errors import TicketsError
-
         raise TicketsError(
             f"{source!r} is not a ticket source: it needs next_id() and next_block() methods"
         )

@@ -18,6 +18,7 @@ from .._naming import (
     DEFAULT_TABLE_TEMPLATE,
     TicketTable,
     check_bits,
+    check_stride,
     check_table_template,
     ticket_table,
 )
@@ -197,8 +198,6 @@ class TicketServer:
         offset: int | None = None,
     ) -> None:
         """Create a sequence's table if it does not exist (an existing table is left as is)."""
-        from .._naming import check_stride
-
         default_inc, default_off = self.stride or (1, 1)
         inc = default_inc if increment is None else increment
         off = default_off if offset is None else offset
