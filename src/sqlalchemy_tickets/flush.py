@@ -11,6 +11,7 @@ INSERT, the ORM sends one plain executemany, and a retried flush reuses the same
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Hashable
@@ -165,6 +166,8 @@ def _engine_getter(session: Session, mapper: Mapper[Any]) -> EngineGetter:
 def _off_the_loop(fn: Callable[..., list[Any]], *args: Any) -> list[Any]:
     """Call ``fn``; under ``AsyncSession`` (a flush inside SQLAlchemy's greenlet), in a worker
     thread awaited by the event loop, so a ticket round trip never blocks the loop."""
-    if in_greenlet():
+    # Without greenlet loaded no AsyncSession can be flushing; and on SQLAlchemy 2.1 without
+    # greenlet installed, in_greenlet() itself raises ImportError.
+    if sys.modules.get("greenlet") is not None and in_greenlet():
         return await_only(asyncio.to_thread(fn, *args))
     return fn(*args)

@@ -28,16 +28,20 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from .dialects.base import loaded_backends
 from .errors import TicketsError, TicketServerUnavailable
+
+if TYPE_CHECKING:
+    # Only for annotations: sqlalchemy.ext.asyncio needs greenlet, which only the asyncio
+    # extra installs; importing it here would break `import sqlalchemy_tickets` without it.
+    from sqlalchemy.ext.asyncio import AsyncSession
 
 logger = logging.getLogger("sqlalchemy_tickets")
 
