@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import metrics as _metrics
 from .._naming import check_bits, max_id, normalize_sequence
 from ..errors import ExhaustedError, TicketsError, TicketServerUnavailable
 from .base import TicketSource, check_count
@@ -154,7 +155,9 @@ class CachedSource:
         self._closed = threading.Event()
         self._max_workers = max_workers
         self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="tickets-refill")
-        _open_caches.add(self)
+        with _open_caches_lock:
+            _open_caches.add(self)
+        _metrics.enable_if_installed()
 
     def __repr__(self) -> str:
         return f"CachedSource({self.source!r})"
@@ -221,6 +224,7 @@ class CachedSource:
                     "refill_latency": lane.latency,
                     "burned": lane.burned,
                     "failures": lane.failures,
+                    "last_issued": lane.last_issued,
                 }
         total: dict[str, Any] = {
             key: sum(s[key] for s in per.values())
@@ -254,6 +258,7 @@ class CachedSource:
         for lane in self._distinct_lanes():
             with lane.lock:
                 lost = lane.in_hand
+                lane.moved -= len(lane.ready)  # ids dropped unissued: ``issued`` stays true
                 lane.ready.clear()
                 lane.rest = range(0)
                 lane.ahead.clear()
@@ -265,7 +270,7 @@ class CachedSource:
                     "closing cache of %s/%d: %d ids burned", lane.sequence, lane.bits, lost
                 )
         self._executor.shutdown(wait=False, cancel_futures=True)
-        _open_caches.discard(self)
+        _retire(self)
         return burned
 
     def _reset_after_fork(self) -> None:
@@ -468,11 +473,37 @@ class CachedSource:
 
 # Caches still open at interpreter exit give up their ids and say how many.
 _open_caches: weakref.WeakSet[CachedSource] = weakref.WeakSet()
+# Guards _open_caches and _retired: metrics read them from a collector's thread.
+_open_caches_lock = threading.Lock()
+# Counters of closed caches, per "name/bits", so that counters read by metrics never go back.
+_RETIRED_KEYS = ("issued", "burned", "round_trips", "blocking_waits", "refills")
+_retired: dict[str, dict[str, int]] = {}
+
+
+def _retire(cache: CachedSource) -> None:
+    """Fold a closed cache's counters into ``_retired`` and forget the cache, in one step."""
+    final = cache.stats()["sequences"]
+    with _open_caches_lock:
+        for key, figures in final.items():
+            kept = _retired.setdefault(key, dict.fromkeys(_RETIRED_KEYS, 0) | {"last_issued": 0})
+            for name in _RETIRED_KEYS:
+                kept[name] += figures[name]
+            kept["last_issued"] = max(kept["last_issued"], figures["last_issued"])
+        _open_caches.discard(cache)
+
+
+def open_caches() -> tuple[list[CachedSource], dict[str, dict[str, int]]]:
+    """The open caches and the counters of closed ones (per ``name/bits``), read together."""
+    with _open_caches_lock:
+        return list(_open_caches), {key: dict(kept) for key, kept in _retired.items()}
 
 
 def _forget_in_child() -> None:
     """After fork, a child holding its parent's ids would issue them a second time: drop them,
     with every lock and thread, which did not survive the fork anyway."""
+    global _open_caches_lock
+    _open_caches_lock = threading.Lock()
+    _retired.clear()  # the child's counters start from zero, as its caches do
     for cache in list(_open_caches):
         cache._reset_after_fork()
 
@@ -482,5 +513,5 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 @atexit.register
 def _close_all() -> None:
-    for cache in list(_open_caches):
+    for cache in open_caches()[0]:
         cache.close()
