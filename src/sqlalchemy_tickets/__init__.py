@@ -10,13 +10,14 @@ from importlib.metadata import PackageNotFoundError, version
 
 from .app_types import UUID7, ObjectId, PrefixedId, SnowflakeId
 from .errors import (
+    CommitOutcomeUnknownError,
     ExhaustedError,
     StrideMismatchError,
     TicketsError,
     TicketServerUnavailable,
     UnknownSequenceError,
 )
-from .retry import CommitOutcomeUnknownError, async_retry_session, is_retryable, retry_session
+from .retry import async_retry_session, is_retryable, retry_session
 from .sources import CachedSource, TicketServer, TicketServers, TicketSource, configure
 from .timeouts import apply_timeouts
 from .types import TicketId

@@ -4,6 +4,7 @@ subclass so that bad arguments can be caught the way Python code usually catches
 from __future__ import annotations
 
 __all__ = [
+    "CommitOutcomeUnknownError",
     "ExhaustedError",
     "StrideMismatchError",
     "TicketServerUnavailable",
@@ -40,3 +41,8 @@ class UnknownSequenceError(TicketsError):
 
 class TicketServerUnavailable(TicketsError):
     """A ticket server refused, dropped or did not answer within its timeout."""
+
+
+class CommitOutcomeUnknownError(TicketsError):
+    """A COMMIT failed without an answer, and the unit updated or deleted rows: whether it was
+    applied is unknown, and replaying or re-running it could lose or double an update."""

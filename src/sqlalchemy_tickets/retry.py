@@ -21,22 +21,23 @@ are raised at once.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
 import random
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, make_transient_to_detached
 
-from .dialects.base import loaded_backends
-from .errors import TicketsError, TicketServerUnavailable
+from .dialects.base import every_backend
+from .errors import CommitOutcomeUnknownError, TicketsError, TicketServerUnavailable
 
 if TYPE_CHECKING:
     # Only for annotations: sqlalchemy.ext.asyncio needs greenlet, which only the asyncio
@@ -46,45 +47,92 @@ if TYPE_CHECKING:
 logger = logging.getLogger("sqlalchemy_tickets")
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 __all__ = [
     "CommitOutcomeUnknownError",
+    "RetryState",
     "async_retry_session",
     "is_retryable",
     "retry_session",
 ]
 
 
-class CommitOutcomeUnknownError(TicketsError):
-    """A COMMIT failed without an answer, and the unit updated or deleted rows: whether it was
-    applied is unknown, and replaying or re-running it could lose or double an update."""
-
-
 def is_retryable(error: BaseException) -> bool:
     """Whether a retry can cure ``error``: a lost or refused connection, a timeout, a deadlock,
-    a serialization failure — as each backend module classifies its own driver's errors."""
-    if isinstance(error, TicketServerUnavailable):
-        return True
-    if not isinstance(error, DBAPIError):
-        return False
-    if error.connection_invalidated:
-        return True
-    orig = error.orig
-    return orig is not None and any(b.is_retryable(orig) for b in loaded_backends())
+    a serialization failure — as each backend module classifies its own driver's errors.
+
+    A :class:`TicketsError` raised *from* such an error (a ticket or lease database that could
+    not be reached, say) is retryable too: the outage is what a retry waits out.
+    """
+    seen = 0
+    current: BaseException | None = error
+    while current is not None and seen < 8:  # a bounded walk: a cause chain may be cyclic
+        if isinstance(current, TicketServerUnavailable):
+            return True
+        if isinstance(current, DBAPIError):
+            if current.connection_invalidated:
+                return True
+            orig = current.orig
+            return orig is not None and any(b.is_retryable(orig) for b in every_backend())
+        if not isinstance(current, TicketsError):
+            return False
+        current = current.__cause__
+        seen += 1
+    return False
 
 
-@dataclass
-class _RetryState:
-    """What a tenacity ``stop``/``wait`` strategy reads (the subset of ``RetryCallState``)."""
+class _Outcome(concurrent.futures.Future[Any]):
+    """A failed attempt, shaped like tenacity's ``Future`` (strategies such as
+    ``wait_exception`` read ``outcome.failed`` and ``outcome.exception()``)."""
 
-    attempt_number: int = 1
-    start_time: float = field(default_factory=time.monotonic)
-    idle_for: float = 0.0
-    outcome: Any = None
+    def __init__(self, attempt_number: int, error: BaseException) -> None:
+        super().__init__()
+        self.attempt_number = attempt_number
+        self.set_exception(error)
 
     @property
-    def seconds_since_start(self) -> float:
-        return time.monotonic() - self.start_time
+    def failed(self) -> bool:
+        return self.exception() is not None
+
+
+class RetryState:
+    """What a tenacity ``stop``/``wait`` strategy reads, as tenacity's ``RetryCallState`` has it.
+
+    ``attempt_number`` counts from 1 and names the attempt that just failed while the strategies
+    run; ``seconds_since_start`` is measured when that attempt failed; ``upcoming_sleep`` is the
+    pause ``wait`` chose (``wait`` runs before ``stop``, as in tenacity, so ``stop_before_delay``
+    can look at it); ``idle_for`` is the time paused so far.
+    """
+
+    def __init__(self, clock: Callable[[], float], fn: Callable[..., Any] | None = None) -> None:
+        self._clock = clock
+        self.fn = fn
+        self.args: tuple[Any, ...] = ()
+        self.kwargs: dict[str, Any] = {}
+        self.start_time = clock()
+        self.attempt_number = 1
+        self.outcome: _Outcome | None = None
+        self.outcome_timestamp: float | None = None
+        self.idle_for = 0.0
+        self.upcoming_sleep = 0.0
+        self.next_action: Any = None
+
+    @property
+    def seconds_since_start(self) -> float | None:
+        if self.outcome_timestamp is None:
+            return None
+        return self.outcome_timestamp - self.start_time
+
+    def failed(self, error: BaseException) -> None:
+        self.outcome = _Outcome(self.attempt_number, error)
+        self.outcome_timestamp = self._clock()
+
+    def __repr__(self) -> str:
+        return (
+            f"<RetryState attempt #{self.attempt_number}; slept for {self.idle_for:.2f}; "
+            f"last error: {self.outcome.exception() if self.outcome else None!r}>"
+        )
 
 
 @dataclass
@@ -94,28 +142,36 @@ class _Policy:
     max_backoff: float
     stop: Callable[[Any], bool] | None
     wait: Callable[[Any], float] | None
+    clock: Callable[[], float]
 
     def __post_init__(self) -> None:
-        if self.stop is None and (isinstance(self.attempts, bool) or self.attempts < 1):
-            raise TicketsError(f"attempts must be at least 1, not {self.attempts!r}")
-        if self.backoff < 0 or self.max_backoff < 0:
-            raise TicketsError("backoff and max_backoff must not be negative")
+        if self.stop is None and (
+            not isinstance(self.attempts, int) or isinstance(self.attempts, bool)
+            or self.attempts < 1
+        ):
+            raise TicketsError(f"attempts must be an integer of at least 1, not {self.attempts!r}")
+        if not (self.backoff >= 0 and self.max_backoff >= 0):
+            raise TicketsError("backoff and max_backoff must be non-negative numbers of seconds")
+        for name in ("stop", "wait", "clock"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise TicketsError(f"{name} must be callable, not {value!r}")
 
-    def pause(self, state: _RetryState, error: BaseException) -> float | None:
+    def pause(self, state: RetryState, error: BaseException) -> float | None:
         """Seconds to wait before the next attempt, or ``None`` to give up."""
-        state.outcome = error
-        done = self.stop(state) if self.stop is not None else state.attempt_number >= self.attempts
-        if done:
-            return None
+        state.failed(error)
         if self.wait is not None:
-            pause = float(self.wait(state))
+            state.upcoming_sleep = float(self.wait(state))
         else:
             # Doubling, capped, with full jitter between half and all of it.
             full = min(self.max_backoff, self.backoff * 2 ** (state.attempt_number - 1))
-            pause = full * (0.5 + random.random() / 2)
-        state.idle_for += pause
+            state.upcoming_sleep = full * (0.5 + random.random() / 2)
+        done = self.stop(state) if self.stop is not None else state.attempt_number >= self.attempts
+        if done:
+            return None
+        state.idle_for += state.upcoming_sleep
         state.attempt_number += 1
-        return pause
+        return state.upcoming_sleep
 
 
 class _Unit:
@@ -164,12 +220,12 @@ class _Unit:
 class _Attempt:
     """Where the last attempt stood when it failed."""
 
-    unit: _Unit | None = None  # set once ``work`` returned
+    unit: _Unit | None = None  # set once ``work`` returned and its flush succeeded
     committing: bool = False  # COMMIT was sent
 
 
 def _next_step(
-    attempt: _Attempt, error: BaseException, state: _RetryState, policy: _Policy
+    attempt: _Attempt, error: BaseException, state: RetryState, policy: _Policy
 ) -> tuple[str, float]:
     """After a failed attempt: ``("rerun"`` work or ``"replay"`` the unit, pause``)``; raises
     when no retry can help or none is left."""
@@ -197,6 +253,13 @@ def _next_step(
     return plan, pause
 
 
+def _commit_keeping_state(session: Session) -> None:
+    """Commit without expiring: the session is closed right after, and what ``work`` returns
+    must stay readable (an expired attribute of a detached object cannot be loaded again)."""
+    session.expire_on_commit = False
+    session.commit()
+
+
 @overload
 def retry_session(
     session_factory: Callable[[], Session],
@@ -208,6 +271,7 @@ def retry_session(
     stop: Callable[[Any], bool] | None = ...,
     wait: Callable[[Any], float] | None = ...,
     sleep: Callable[[float], Any] = ...,
+    clock: Callable[[], float] = ...,
 ) -> T: ...
 
 
@@ -222,7 +286,8 @@ def retry_session(
     stop: Callable[[Any], bool] | None = ...,
     wait: Callable[[Any], float] | None = ...,
     sleep: Callable[[float], Any] = ...,
-) -> Callable[[Callable[[Session], T]], Callable[[], T]]: ...
+    clock: Callable[[], float] = ...,
+) -> Callable[[Callable[Concatenate[Session, P], T]], Callable[P, T]]: ...
 
 
 def retry_session(
@@ -235,25 +300,32 @@ def retry_session(
     stop: Callable[[Any], bool] | None = None,
     wait: Callable[[Any], float] | None = None,
     sleep: Callable[[float], Any] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Any:
     """Run ``work(session)`` and commit, retrying lost connections, timeouts and deadlocks.
+
+    The objects ``work`` returns can be read after it returns, whatever path the retry took:
+    the unit is committed without expiring them (the session is closed right after).
 
     Args:
         session_factory: makes a fresh ``Session`` per attempt (a ``sessionmaker``).
         work: the unit of work; its return value is returned. Without it, ``retry_session``
-            is a decorator: ``@retry_session(Session)`` over ``def work(session): ...``.
+            is a decorator: ``@retry_session(Session)`` over ``def work(session, *args): ...``
+            gives ``work(*args)``.
         attempts: attempts in all, the first included.
         backoff: first pause in seconds; it doubles per attempt, with jitter, up to
             ``max_backoff``.
         stop, wait: tenacity strategies (``stop_after_delay(10)``, ``wait_random_exponential()``
-            ...) to use instead of ``attempts`` and ``backoff``.
+            ...) to use instead of ``attempts`` and ``backoff``; they are given a
+            :class:`RetryState`, ``wait`` before ``stop`` as tenacity does.
         sleep: how to pause (a parameter so tests need not wait).
+        clock: monotonic seconds, read for ``seconds_since_start``.
 
     Raises:
         CommitOutcomeUnknownError: a unit that updated or deleted rows lost its COMMIT reply.
         The last error, when attempts run out; any error a retry cannot cure, at once.
     """
-    policy = _Policy(attempts, backoff, max_backoff, stop, wait)
+    policy = _Policy(attempts, backoff, max_backoff, stop, wait, clock)
     if work is None:
         return functools.partial(_decorate, session_factory, policy, sleep)
     return _run(session_factory, work, policy, sleep)
@@ -263,11 +335,11 @@ def _decorate(
     session_factory: Callable[[], Session],
     policy: _Policy,
     sleep: Callable[[float], Any],
-    work: Callable[[Session], T],
-) -> Callable[[], T]:
+    work: Callable[Concatenate[Session, P], T],
+) -> Callable[P, T]:
     @functools.wraps(work)
-    def run() -> T:
-        return _run(session_factory, work, policy, sleep)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        return _run(session_factory, lambda session: work(session, *args, **kwargs), policy, sleep)
 
     return run
 
@@ -278,7 +350,7 @@ def _run(
     policy: _Policy,
     sleep: Callable[[float], Any],
 ) -> T:
-    state = _RetryState()
+    state = RetryState(policy.clock, work)
     attempt = _Attempt()
     result: Any = None
     plan = "rerun"
@@ -294,7 +366,7 @@ def _run(
             session.flush()
             attempt.unit = unit
             attempt.committing = True
-            session.commit()
+            _commit_keeping_state(session)
             return cast(T, result)
         except BaseException as error:
             _discard(session)
@@ -308,13 +380,17 @@ def _replay(session: Session, unit: _Unit) -> None:
     """Insert the same objects again; if their keys are already stored, check they all are."""
     session.add_all(unit.inserted)
     try:
-        session.commit()
+        _commit_keeping_state(session)
     except IntegrityError:
         session.rollback()
         if unit.verify(session):
             logger.info("the lost commit had been applied: all %d rows are stored",
                         len(unit.inserted))
+            # They are the stored rows: detach them as such (with their identity, as if loaded,
+            # so adding one to a later session updates it rather than inserting it again).
             session.expunge_all()
+            for obj in unit.inserted:
+                make_transient_to_detached(obj)
             return
         raise
 
@@ -334,9 +410,42 @@ def _first_line(error: BaseException) -> str:
 # -- asyncio ------------------------------------------------------------------------------------
 
 
-async def async_retry_session(
+@overload
+def async_retry_session(
     session_factory: Callable[[], AsyncSession],
     work: Callable[[AsyncSession], Awaitable[T]],
+    *,
+    attempts: int = ...,
+    backoff: float = ...,
+    max_backoff: float = ...,
+    stop: Callable[[Any], bool] | None = ...,
+    wait: Callable[[Any], float] | None = ...,
+    sleep: Callable[[float], Awaitable[Any]] | None = ...,
+    clock: Callable[[], float] = ...,
+) -> Coroutine[Any, Any, T]: ...
+
+
+@overload
+def async_retry_session(
+    session_factory: Callable[[], AsyncSession],
+    work: None = ...,
+    *,
+    attempts: int = ...,
+    backoff: float = ...,
+    max_backoff: float = ...,
+    stop: Callable[[Any], bool] | None = ...,
+    wait: Callable[[Any], float] | None = ...,
+    sleep: Callable[[float], Awaitable[Any]] | None = ...,
+    clock: Callable[[], float] = ...,
+) -> Callable[
+    [Callable[Concatenate[AsyncSession, P], Awaitable[T]]],
+    Callable[P, Coroutine[Any, Any, T]],
+]: ...
+
+
+def async_retry_session(
+    session_factory: Callable[[], AsyncSession],
+    work: Callable[[AsyncSession], Awaitable[T]] | None = None,
     *,
     attempts: int = 5,
     backoff: float = 0.1,
@@ -344,14 +453,46 @@ async def async_retry_session(
     stop: Callable[[Any], bool] | None = None,
     wait: Callable[[Any], float] | None = None,
     sleep: Callable[[float], Awaitable[Any]] | None = None,
-) -> T:
+    clock: Callable[[], float] = time.monotonic,
+) -> Any:
     """:func:`retry_session` for ``async_sessionmaker``: ``await work(session)`` and commit,
-    with the same guarantees."""
+    with the same guarantees; ``await async_retry_session(factory, work)``.
+
+    Without ``work`` it is a decorator: ``@async_retry_session(factory)`` over
+    ``async def work(session, *args): ...`` gives ``await work(*args)``. ``sleep`` defaults to
+    ``asyncio.sleep``.
+    """
+    policy = _Policy(attempts, backoff, max_backoff, stop, wait, clock)
+    if work is None:
+        return functools.partial(_decorate_async, session_factory, policy, sleep)
+    return _run_async(session_factory, work, policy, sleep)
+
+
+def _decorate_async(
+    session_factory: Callable[[], AsyncSession],
+    policy: _Policy,
+    sleep: Callable[[float], Awaitable[Any]] | None,
+    work: Callable[Concatenate[AsyncSession, P], Awaitable[T]],
+) -> Callable[P, Coroutine[Any, Any, T]]:
+    @functools.wraps(work)
+    async def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        return await _run_async(
+            session_factory, lambda session: work(session, *args, **kwargs), policy, sleep
+        )
+
+    return run
+
+
+async def _run_async(
+    session_factory: Callable[[], AsyncSession],
+    work: Callable[[AsyncSession], Awaitable[T]],
+    policy: _Policy,
+    sleep: Callable[[float], Awaitable[Any]] | None,
+) -> T:
     import asyncio
 
-    policy = _Policy(attempts, backoff, max_backoff, stop, wait)
     pause_for = sleep or asyncio.sleep
-    state = _RetryState()
+    state = RetryState(policy.clock, work)
     attempt = _Attempt()
     result: Any = None
     plan = "rerun"
@@ -367,6 +508,7 @@ async def async_retry_session(
             await session.flush()
             attempt.unit = unit
             attempt.committing = True
+            session.sync_session.expire_on_commit = False  # see _commit_keeping_state
             await session.commit()
             return cast(T, result)
         except BaseException as error:

@@ -50,6 +50,14 @@ def loaded_backends() -> list[TicketBackend]:
         return list({id(b): b for b in _registry.values()}.values())
 
 
+def every_backend() -> list[TicketBackend]:
+    """Every backend, importing the modules not loaded yet (none imports a driver): to classify
+    an error whose dialect is not known, as ``is_retryable`` must."""
+    for module in set(_MODULES.values()):
+        importlib.import_module(module)
+    return loaded_backends()
+
+
 def backend_for(dialect_name: str) -> TicketBackend:
     """The backend for a SQLAlchemy dialect name (``"postgresql"``, ``"mysql"``, ...)."""
     backend = _registry.get(dialect_name)
