@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import socket
 import threading
 import time
+
+from . import _process
 
 logger = logging.getLogger("sqlalchemy_tickets")
 
@@ -87,4 +88,4 @@ def _after_fork_in_child() -> None:
     watchdog._thread = None
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_process.after_fork_in_child(_after_fork_in_child)

@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Callable
 from datetime import datetime, timezone
 
+from .. import _process
 from ..errors import TicketsError
 
 __all__ = ["ObjectIdGenerator", "check_object_id", "object_id_time"]
@@ -100,5 +101,4 @@ def _after_fork_in_child() -> None:
         generator._after_fork_in_child()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_process.after_fork_in_child(_after_fork_in_child)

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Literal
 
+from .. import _process
 from ..errors import TicketsError
 
 __all__ = [
@@ -329,5 +330,4 @@ def _after_fork_in_child() -> None:
         generator._reinit()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_process.after_fork_in_child(_after_fork_in_child)

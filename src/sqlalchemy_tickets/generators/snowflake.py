@@ -41,7 +41,6 @@ had already issued ids.
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import logging
 import os
@@ -54,6 +53,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import NamedTuple
 
+from .. import _process
 from ..errors import ExhaustedError, TicketsError
 from .lease import Heartbeat, LeaseGrant, WorkerLease
 
@@ -546,6 +546,5 @@ def _release_all_at_exit() -> None:
                 pass
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(_release_all_at_exit)
+_process.after_fork_in_child(_after_fork_in_child)
+_process.at_exit(_release_all_at_exit)

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from .. import _process
 from ..errors import TicketsError
 
 __all__ = [
@@ -170,8 +171,7 @@ def _after_fork_in_child() -> None:
         generator._reinit()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_process.after_fork_in_child(_after_fork_in_child)
 
 
 def _select() -> tuple[str, Callable[[], uuid.UUID]]:

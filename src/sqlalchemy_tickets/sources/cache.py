@@ -18,10 +18,8 @@ lane runs dry.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import logging
 import math
-import os
 import threading
 import time
 import weakref
@@ -31,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import _process
 from .. import metrics as _metrics
 from .._naming import check_bits, max_id, normalize_sequence
 from ..errors import ExhaustedError, TicketsError, TicketServerUnavailable
@@ -508,10 +507,10 @@ def _forget_in_child() -> None:
         cache._reset_after_fork()
 
 
-os.register_at_fork(after_in_child=_forget_in_child)
+_process.after_fork_in_child(_forget_in_child)
 
 
-@atexit.register
+@_process.at_exit
 def _close_all() -> None:
     for cache in open_caches()[0]:
         cache.close()

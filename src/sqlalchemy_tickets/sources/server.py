@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -14,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine, make_url
 
+from .. import _process
 from .._naming import (
     DEFAULT_TABLE_TEMPLATE,
     TicketTable,
@@ -59,7 +59,7 @@ def _after_fork_in_child() -> None:
         server._reset_state()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_process.after_fork_in_child(_after_fork_in_child)
 
 
 #: The offset a restride gives a table while it pauses it: no position has it.
