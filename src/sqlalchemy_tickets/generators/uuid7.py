@@ -1,6 +1,6 @@
 """RFC 9562 UUIDv7: 48-bit Unix milliseconds, version 7, random bits — as ``uuid.UUID``.
 
-``uuid7()`` is the fastest implementation available, chosen once at import:
+``uuid7()`` is the fastest implementation available, chosen once, on first use (not at import):
 
 1. ``uuid_utils`` (Rust) when installed — the ``fast`` extra. Its generator keeps a counter in
    the bits after the timestamp (RFC 9562 §6.2 method 1), so ids are strictly increasing within
@@ -165,8 +165,9 @@ _instances_lock = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
-    global _instances_lock
+    global _instances_lock, _chosen_lock
     _instances_lock = threading.Lock()
+    _chosen_lock = threading.Lock()
     for generator in list(_instances):
         generator._reinit()
 
@@ -207,8 +208,38 @@ def _select() -> tuple[str, Callable[[], uuid.UUID]]:
     return "python", UUID7Generator().new_id
 
 
-#: Which implementation :func:`uuid7` uses: ``"uuid_utils"``, ``"stdlib"`` or ``"python"``.
+#: Which implementation :func:`uuid7` uses: ``"uuid_utils"``, ``"stdlib"`` or ``"python"``
+#: (read lazily through the module's ``__getattr__``: reading it makes the choice).
 IMPLEMENTATION: str
-#: A new UUIDv7 as ``uuid.UUID``, strictly increasing within the process.
-uuid7: Callable[[], uuid.UUID]
-IMPLEMENTATION, uuid7 = _select()
+
+# Chosen on first use, not at import: importing the package must not import ``uuid_utils``,
+# an optional extra (and a module the user may not want loaded at all).
+_chosen: tuple[str, Callable[[], uuid.UUID]] | None = None
+_chosen_lock = threading.Lock()
+
+
+def _choose() -> tuple[str, Callable[[], uuid.UUID]]:
+    global _chosen, _impl
+    with _chosen_lock:
+        if _chosen is None:
+            _chosen = _select()
+            _impl = _chosen[1]
+    return _chosen
+
+
+def _first_uuid7() -> uuid.UUID:
+    return _choose()[1]()
+
+
+_impl: Callable[[], uuid.UUID] = _first_uuid7
+
+
+def uuid7() -> uuid.UUID:
+    """A new UUIDv7 as ``uuid.UUID``, strictly increasing within the process."""
+    return _impl()
+
+
+def __getattr__(name: str) -> str:
+    if name == "IMPLEMENTATION":
+        return _choose()[0]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
