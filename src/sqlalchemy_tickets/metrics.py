@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "INSTRUMENTS",
     "METER_NAME",
+    "Instrument",
     "PrometheusCollector",
     "SequenceFigures",
     "enable",
