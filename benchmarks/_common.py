@@ -1,9 +1,14 @@
-"""Helpers shared by the benchmark scripts: throwaway databases, interleaved timing, reports.
+"""The benchmarks' harness: command line, throwaway databases, interleaved timing, reports.
 
 Speed is only ever reported as a ratio of two variants timed side by side in one process: the
 variants run in interleaved rounds (the order rotates each round, so none always runs first or
 last), every round's ratio is taken between timings made seconds apart, and the reported figure
 is the median of those per-round ratios. Nothing here compares an absolute time with a limit.
+
+A script is ``main(argv)``: ``args = parse_args(__doc__, argv)``, sizes chosen with
+``args.smoke``, variants timed with :func:`interleave`, ratios from :func:`ratio_summary`, and
+one :func:`report` call that writes ``<out>/<name>.json`` and (given a figure) ``<name>.png``.
+``--smoke`` (tiny sizes, seconds) and ``--out DIR`` let the test suite run every script.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -34,65 +40,61 @@ from sqlalchemy.engine import URL, make_url
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
 REPO_DIR = BENCH_DIR.parent
-
 BACKENDS = ("sqlite", "postgresql", "mysql")
-URL_ENV = {
-    "postgresql": "TICKETS_BENCH_POSTGRESQL_URL",
-    "mysql": "TICKETS_BENCH_MYSQL_URL",
-}
+URL_ENV = {"postgresql": "TICKETS_BENCH_POSTGRESQL_URL", "mysql": "TICKETS_BENCH_MYSQL_URL"}
 DEFAULT_URLS = {
     "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/postgres",
     "mysql": "mysql+pymysql://root@127.0.0.1:3306/",
 }
-
-
-# -- command line ------------------------------------------------------------------------------
-
-
-def parse_args(
-    description: str,
-    argv: Sequence[str] | None = None,
-    extra: Callable[[argparse.ArgumentParser], None] | None = None,
-) -> argparse.Namespace:
-    """The options every benchmark takes: ``--quick``, ``--backends``, ``--rounds``, ``--strict``
-    (``extra`` adds a script's own)."""
-    parser = argparse.ArgumentParser(description=description)
-    if extra is not None:
-        extra(parser)
-    parser.add_argument(
-        "--quick", action="store_true", help="small sizes and few rounds: a smoke test"
-    )
-    parser.add_argument(
-        "--backends",
-        default=",".join(BACKENDS),
-        help="comma-separated subset of %(default)s",
-    )
-    parser.add_argument(
-        "--rounds", type=int, default=None, help="timed rounds per variant (default: per script)"
-    )
-    parser.add_argument(
-        "--strict",
-        action="store_true",
-        help="exit with status 1 when a target is missed (default: report only)",
-    )
-    args = parser.parse_args(argv)
-    chosen = [name.strip() for name in args.backends.split(",") if name.strip()]
-    unknown = sorted(set(chosen) - set(BACKENDS))
-    if unknown or not chosen:
-        parser.error(f"--backends takes names from {','.join(BACKENDS)}; got {args.backends!r}")
-    args.backends = chosen
-    return args
+LABELS = {"sqlite": "SQLite", "postgresql": "PostgreSQL", "mysql": "MariaDB/MySQL"}
 
 
 def log(message: str) -> None:
     print(message, flush=True)
 
 
-# -- throwaway databases -----------------------------------------------------------------------
+# -- command line ------------------------------------------------------------------------------
+
+
+def parse_args(
+    doc: str | None,
+    argv: Sequence[str] | None = None,
+    extra: Callable[[argparse.ArgumentParser], None] | None = None,
+    *,
+    backends: Sequence[str] = BACKENDS,
+) -> argparse.Namespace:
+    """Options every script takes (``extra`` adds its own); ``doc`` is the script's docstring,
+    whose first paragraph is the help text and whose whole text goes into the JSON."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    if extra is not None:
+        extra(parser)
+    parser.add_argument(
+        "--smoke", "--quick", action="store_true", help="tiny sizes, 1 round: checks it runs"
+    )
+    parser.add_argument("--backends", default=",".join(backends), help="comma-separated")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (per script)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results directory")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    args = parser.parse_args(argv)
+    chosen = [name.strip() for name in args.backends.split(",") if name.strip()]
+    if not chosen or set(chosen) - set(BACKENDS):
+        parser.error(f"--backends takes names from {','.join(BACKENDS)}; got {args.backends!r}")
+    if args.rounds is not None and args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    args.backends, args.doc = chosen, doc or ""
+    return args
+
+
+def rounds(args: argparse.Namespace, full: int) -> int:
+    """``--rounds``, else 1 in smoke mode, else the script's ``full``."""
+    return int(args.rounds or (1 if args.smoke else full))
+
+
+# -- databases ---------------------------------------------------------------------------------
 
 
 def admin_url(backend: str) -> URL:
-    """The server URL a benchmark connects to in order to create its database."""
+    """The server a benchmark creates its database on: ``$TICKETS_BENCH_<BACKEND>_URL``."""
     return make_url(os.environ.get(URL_ENV[backend], DEFAULT_URLS[backend]))
 
 
@@ -101,8 +103,7 @@ def throwaway_database(backend: str) -> Iterator[URL]:
     """Yield the URL of a new empty database ``tickets_bench_<hex>``; drop it afterwards.
 
     SQLite: a file in a new temporary directory (the embedded default puts its ticket file
-    beside it), removed with the directory. PostgreSQL/MySQL: ``CREATE DATABASE`` on the server
-    named by ``TICKETS_BENCH_<BACKEND>_URL``; callers dispose their engines before leaving.
+    beside it), removed with it. Servers: ``CREATE DATABASE``; callers dispose their engines.
     """
     name = f"tickets_bench_{uuid.uuid4().hex[:12]}"
     if backend == "sqlite":
@@ -114,20 +115,46 @@ def throwaway_database(backend: str) -> Iterator[URL]:
         return
     server = admin_url(backend)
     admin = sa.create_engine(server, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    quoted = admin.dialect.identifier_preparer.quote(name)
+    # FORCE: a connection a failed run left open must not keep the database.
+    force = " WITH (FORCE)" if backend == "postgresql" else ""
     try:
         with admin.connect() as conn:
-            conn.exec_driver_sql(f"CREATE DATABASE {name}")
+            conn.exec_driver_sql(f"CREATE DATABASE {quoted}")
         try:
             yield server.set(database=name)
         finally:
             with admin.connect() as conn:
-                if backend == "postgresql":
-                    # FORCE: a connection a failed run left open must not keep the database.
-                    conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-                else:
-                    conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}")
+                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {quoted}{force}")
     finally:
         admin.dispose()
+
+
+def empty_table(engine: sa.Engine, table: sa.Table) -> None:
+    """Untimed, between runs: ``TRUNCATE`` (no dead rows left behind), SQLite ``DELETE``."""
+    with engine.begin() as conn:
+        if engine.dialect.name == "sqlite":
+            conn.execute(table.delete())
+        else:
+            conn.exec_driver_sql(
+                f"TRUNCATE TABLE {engine.dialect.identifier_preparer.quote(table.name)}"
+            )
+
+
+def count_rows(engine: sa.Engine, table: sa.Table) -> int:
+    with engine.connect() as conn:
+        return int(conn.scalar(sa.select(sa.func.count()).select_from(table)) or 0)
+
+
+def close_embedded(engine: sa.Engine) -> dict[str, Any]:
+    """Close the embedded default of ``engine`` (a cache over a ticket server); its stats."""
+    from sqlalchemy_tickets.sources.default import embedded_source
+
+    cache = embedded_source(engine)
+    stats = cache.stats()
+    cache.close()
+    cache.source.dispose()  # type: ignore[attr-defined]
+    return stats
 
 
 def server_info(backend: str, url: URL) -> dict[str, Any]:
@@ -137,40 +164,30 @@ def server_info(backend: str, url: URL) -> dict[str, Any]:
 
         probe = sqlite3.connect(str(url.database))
         try:
-            journal = probe.execute("PRAGMA journal_mode").fetchone()[0]
-            synchronous = probe.execute("PRAGMA synchronous").fetchone()[0]
+            pragmas = {
+                p: probe.execute(f"PRAGMA {p}").fetchone()[0]
+                for p in ("journal_mode", "synchronous")
+            }
         finally:
             probe.close()
-        return {
-            "version": sqlite3.sqlite_version,
-            "journal_mode": journal,
-            "synchronous": synchronous,
-            "database_directory": os.path.dirname(str(url.database)),
-        }
+        return {"version": sqlite3.sqlite_version, **pragmas}
+    queries = {
+        "postgresql": "SELECT version(), current_setting('fsync'), "
+        "current_setting('synchronous_commit'), current_setting('shared_buffers')",
+        "mysql": "SELECT VERSION(), @@innodb_flush_log_at_trx_commit, @@sync_binlog, "
+        "@@innodb_buffer_pool_size",
+    }
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as conn:
-            if backend == "postgresql":
-                names = ("server_version", "fsync", "synchronous_commit", "shared_buffers")
-                query = sa.text("SELECT name, setting FROM pg_settings WHERE name IN :names")
-                query = query.bindparams(sa.bindparam("names", expanding=True))
-                rows = conn.execute(query, {"names": list(names)}).all()
-                info = {name: setting for name, setting in rows}
-                info["version"] = conn.exec_driver_sql("SELECT version()").scalar()
-                return info
-            row = conn.exec_driver_sql(
-                "SELECT VERSION(), @@innodb_flush_log_at_trx_commit, @@sync_binlog, @@log_bin, "
-                "@@innodb_buffer_pool_size"
-            ).one()
-            return {
-                "version": row[0],
-                "innodb_flush_log_at_trx_commit": row[1],
-                "sync_binlog": row[2],
-                "log_bin": row[3],
-                "innodb_buffer_pool_size": row[4],
-            }
+            row = conn.exec_driver_sql(queries[backend]).one()
     finally:
         engine.dispose()
+    names = {
+        "postgresql": ("version", "fsync", "synchronous_commit", "shared_buffers"),
+        "mysql": ("version", "innodb_flush_log_at_trx_commit", "sync_binlog", "buffer_pool"),
+    }[backend]
+    return {name: str(value) for name, value in zip(names, row, strict=True)}
 
 
 def redact(url: URL) -> str:
@@ -180,7 +197,7 @@ def redact(url: URL) -> str:
 # -- environment -------------------------------------------------------------------------------
 
 
-def _version(distribution: str) -> str | None:
+def package_version(distribution: str) -> str | None:
     try:
         return version(distribution)
     except PackageNotFoundError:
@@ -197,81 +214,106 @@ def _git(*args: str) -> str | None:
     return done.stdout.strip()
 
 
-def _src_digest() -> str:
-    """SHA-256 over the library's source files: which code was measured, committed or not."""
+def environment(*peers: str) -> dict[str, Any]:
+    """Versions of everything on the measured path (``peers``: other packages compared), the
+    commit and a digest of ``src/`` (which code was measured), and how busy the machine was."""
     digest = hashlib.sha256()
     for path in sorted((REPO_DIR / "src").rglob("*.py")):
         digest.update(str(path.relative_to(REPO_DIR)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
-
-
-def environment() -> dict[str, Any]:
-    """Versions of everything on the measured path, and how busy the machine was."""
-    import sqlite3
-
-    dirty = _git("status", "--porcelain", "--", "src")
+    names = ("sqlalchemy-tickets", "SQLAlchemy", "psycopg", "PyMySQL", "matplotlib", *peers)
     return {
         "python": sys.version,
-        "implementation": platform.python_implementation(),
         "platform": platform.platform(),
-        "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
+        "gil_enabled": getattr(sys, "_is_gil_enabled", lambda: True)(),
         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "packages": {
-            name: _version(name)
-            for name in (
-                "sqlalchemy-tickets",
-                "SQLAlchemy",
-                "psycopg",
-                "psycopg-binary",
-                "PyMySQL",
-                "matplotlib",
-            )
-        },
-        "sqlite_library": sqlite3.sqlite_version,
+        "packages": {name: package_version(name) for name in names},
         "git_commit": _git("rev-parse", "HEAD"),
-        "git_src_dirty": None if dirty is None else bool(dirty),
-        "src_sha256": _src_digest(),
+        "git_src_dirty": bool(_git("status", "--porcelain", "--", "src")),
+        "src_sha256": digest.hexdigest(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def load_text(env: Mapping[str, Any]) -> str:
+    """``load avg 0.34 0.38 0.21`` (1, 5, 15 min) at the start of the run, for footnotes."""
+    load = env.get("load_average_at_start")
+    return "load avg n/a" if not load else "load avg " + " ".join(f"{x:.2f}" for x in load)
 
 
 # -- interleaved timing ------------------------------------------------------------------------
 
 
+def loop(call: Callable[..., Any], n: int, *args: Any) -> Callable[[Any], None]:
+    """A variant's ``run``: ``call(*args)`` ``n`` times, in the cheapest Python loop there is."""
+
+    def run(_: Any = None) -> None:
+        for _ in repeat(None, n):
+            call(*args)
+
+    return run
+
+
+def none_counting_loop(call: Callable[[], Any], n: int, counts: list[int]) -> Callable[[Any], None]:
+    """:func:`loop` for a generator that may return ``None`` (snowflake-id does when a
+    millisecond's ids are spent): each run appends how many it got to ``counts``."""
+
+    def run(_: Any = None) -> None:
+        missed = 0
+        for _ in repeat(None, n):
+            if call() is None:
+                missed += 1
+        counts.append(missed)
+
+    return run
+
+
 @dataclass
 class Variant:
     """One thing to time. ``setup()`` (untimed) returns what ``run(state)`` (timed) takes;
-    ``teardown(state)`` (untimed) runs after it."""
+    ``teardown(state)`` (untimed) runs after it. ``per``: units (ids, calls) one run makes, so
+    variants making different numbers of them compare per unit."""
 
     name: str
     run: Callable[[Any], Any]
     setup: Callable[[], Any] = lambda: None
     teardown: Callable[[Any], None] = lambda state: None
+    per: int = 1
 
 
 @dataclass
 class Timings:
-    """Seconds per round for each variant; index ``i`` of every list is round ``i``.
-
-    ``seconds`` is wall-clock time (what is compared); ``cpu_seconds`` is this process's CPU
-    time over the same run: the client-side share, which the server and other load barely touch.
-    """
+    """Seconds per run for each variant, index ``i`` = round ``i``: wall-clock time (what is
+    compared) and this process's CPU time (the client's share, which other load barely touches)."""
 
     seconds: dict[str, list[float]] = field(default_factory=dict)
     cpu_seconds: dict[str, list[float]] = field(default_factory=dict)
+    per: dict[str, int] = field(default_factory=dict)
     orders: list[list[str]] = field(default_factory=list)
 
-    def median(self, name: str) -> float:
-        return statistics.median(self.seconds[name])
+    def unit(self, name: str, cpu: bool = False) -> list[float]:
+        """Seconds per unit (id, call) of each round."""
+        series = (self.cpu_seconds if cpu else self.seconds)[name]
+        return [s / self.per[name] for s in series]
 
-    def cpu_median(self, name: str) -> float:
-        return statistics.median(self.cpu_seconds[name])
+    def median(self, name: str, cpu: bool = False) -> float:
+        """Median seconds per unit."""
+        return statistics.median(self.unit(name, cpu))
 
-    def ratios(self, numerator: str, denominator: str) -> list[float]:
-        """Per-round ratios: each compares two timings made in the same round."""
-        pairs = zip(self.seconds[numerator], self.seconds[denominator], strict=True)
+    def ratios(self, numerator: str, denominator: str, cpu: bool = False) -> list[float]:
+        """Per-round ratios of time per unit: each compares two runs of the same round."""
+        pairs = zip(self.unit(numerator, cpu), self.unit(denominator, cpu), strict=True)
         return [a / b for a, b in pairs]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_orders": self.orders,
+            "units_per_run": self.per,
+            "seconds_per_round": self.seconds,
+            "cpu_seconds_per_round": self.cpu_seconds,
+            "median_seconds_per_unit": {n: self.median(n) for n in self.seconds},
+            "median_cpu_seconds_per_unit": {n: self.median(n, True) for n in self.seconds},
+        }
 
 
 def interleave(
@@ -279,14 +321,13 @@ def interleave(
 ) -> Timings:
     """Time every variant once per round, rotating their order each round (ABC, BCA, CAB, ...).
 
-    ``warmup`` untimed rounds come first (connection pools, statement caches, first-contact
-    work such as creating ticket tables). Each timed run starts after a full garbage collection
-    and runs with the collector off, as ``timeit`` does, so one variant does not pay for
-    another's garbage.
+    ``warmup`` untimed rounds come first (pools, statement caches, creating ticket tables).
+    Each timed run starts after a full garbage collection and runs with the collector off, as
+    ``timeit`` does, so one variant does not pay for another's garbage.
     """
-    timings = Timings(
-        seconds={v.name: [] for v in variants}, cpu_seconds={v.name: [] for v in variants}
-    )
+    timings = Timings(per={v.name: v.per for v in variants})
+    for v in variants:
+        timings.seconds[v.name], timings.cpu_seconds[v.name] = [], []
     for index in range(-warmup, rounds):
         shift = index % len(variants)
         order = list(variants[shift:]) + list(variants[:shift])
@@ -295,11 +336,9 @@ def interleave(
             gc.collect()
             gc.disable()
             try:
-                cpu_start = time.process_time()
-                start = time.perf_counter()
+                cpu, start = time.process_time(), time.perf_counter()
                 variant.run(state)
-                elapsed = time.perf_counter() - start
-                cpu = time.process_time() - cpu_start
+                elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
             finally:
                 gc.enable()
             variant.teardown(state)
@@ -317,168 +356,158 @@ def interleave(
 
 
 def ratio_summary(
-    timings: Timings, numerator: str, denominator: str, target: float | None
+    timings: Timings, numerator: str, denominator: str, target: float | None = None
 ) -> dict[str, Any]:
-    """Median of the per-round ratios (the reported figure), with its spread and the verdict."""
+    """Median of the per-round ratios (the reported figure), its spread, the client-CPU ratio
+    over the same runs, and the verdict when there is a ``target`` (a most)."""
     ratios = timings.ratios(numerator, denominator)
-    median = statistics.median(ratios)
     summary: dict[str, Any] = {
         "numerator": numerator,
         "denominator": denominator,
         "per_round": ratios,
-        "median": median,
+        "median": statistics.median(ratios),
         "min": min(ratios),
         "max": max(ratios),
         "ratio_of_medians": timings.median(numerator) / timings.median(denominator),
+        "cpu_median": statistics.median(timings.ratios(numerator, denominator, cpu=True)),
     }
     if target is not None:
         summary["target"] = target
-        summary["passed"] = median <= target
+        summary["passed"] = summary["median"] <= target
     return summary
 
 
 # -- reports -----------------------------------------------------------------------------------
 
 
-def write_json(name: str, payload: Mapping[str, Any]) -> Path:
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
-    body = {**payload}
-    body.setdefault("environment", {})["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    if hasattr(os, "getloadavg"):
-        body["environment"]["load_average_at_end"] = list(os.getloadavg())
-    path.write_text(json.dumps(body, indent=2, default=str) + "\n")
-    return path
-
-
-@dataclass
-class RatioBar:
-    """One bar of the ratio chart: the median of ``per_round``, whose points are drawn on it."""
-
-    group: str
-    label: str
-    per_round: list[float]
-    target: float | None = None
-
-
-def plot(
+def report(
+    args: argparse.Namespace,
     name: str,
     *,
-    title: str,
-    bars: Sequence[RatioBar],
-    ratio_ylabel: str,
-    target: float,
-    target_label: str,
-    side_title: str,
-    side_ylabel: str,
-    side_values: Mapping[str, Mapping[str, float]],
-    side_log: bool = False,
-    footnote: str = "",
-) -> Path:
-    """Two panels: ratio bars (median, per-round points, target line) and a side panel of
-    medians per group and variant, for context."""
+    env: Mapping[str, Any],
+    parameters: Mapping[str, Any],
+    results: Mapping[str, Any],
+    checks: Mapping[str, Mapping[str, Any]] | None = None,
+    figure: Any = None,
+) -> int:
+    """Write ``<out>/<name>.json`` (and ``.png`` from a matplotlib ``figure``), print the
+    verdicts, and return the exit status: 1 only with ``--strict`` and a check that failed."""
+    checks = checks or {}
+    passed = all(bool(c.get("passed", True)) for c in checks.values())
+    payload = {
+        "benchmark": name,
+        "description": args.doc,
+        "environment": {**env, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+        "parameters": {**parameters, "smoke": args.smoke, "backends": args.backends},
+        "results": results,
+        "checks": checks,
+        "passed": passed,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    written = [path]
+    if figure is not None:
+        written.append(args.out / f"{name}.png")
+        figure.savefig(written[-1], dpi=40 if args.smoke else 105)  # smoke: drawn, not read
+        pyplot().close(figure)
+    for key, check in checks.items():
+        verdict = "PASS" if check.get("passed") else "FAIL"
+        spread = f" (rounds {check['min']:.3f}-{check['max']:.3f})" if "min" in check else ""
+        log(f"  {key}: {check['median']:.3f}{spread}, target <= {check['target']:.3g}: {verdict}")
+    log(f"overall: {'PASS' if passed else 'FAIL'}; wrote " + ", ".join(map(str, written)))
+    return 1 if args.strict and not passed else 0
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend, imported only when a figure is drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
-    groups = list(dict.fromkeys(bar.group for bar in bars))
-    labels = list(dict.fromkeys(bar.label for bar in bars))
-    colors = plt.get_cmap("tab10").colors
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 6.2), gridspec_kw={"width_ratios": [3, 2]})
-    width = 0.8 / max(1, len(labels))
-    top = target
-    for j, label in enumerate(labels):
-        for i, group in enumerate(groups):
-            found = [b for b in bars if b.group == group and b.label == label]
-            if not found:
-                continue
-            bar = found[0]
-            median = statistics.median(bar.per_round)
-            x = i + (j - (len(labels) - 1) / 2) * width
-            passed = bar.target is None or median <= bar.target
-            left.bar(
-                x,
-                median,
-                width * 0.9,
-                color=colors[j % len(colors)],
-                edgecolor="black" if passed else "red",
-                linewidth=0.8 if passed else 2.2,
-            )
-            left.scatter([x] * len(bar.per_round), bar.per_round, s=9, color="black", zorder=3)
-            # The median is written at the foot of its bar, clear of the dots near its top.
-            left.annotate(
-                f"{median:.2f}×",
-                (x, 0),
-                textcoords="offset points",
-                xytext=(0, 6),
-                ha="center",
-                va="bottom",
-                fontsize=10,
-                fontweight="bold",
-                color="white",
-                zorder=4,
-            )
-            top = max(top, median, *bar.per_round)
-    left.axhline(target, color="red", linestyle="--", linewidth=1.3)
-    left.axhline(1.0, color="grey", linestyle=":", linewidth=1)
-    left.set_xticks(range(len(groups)), groups)
-    left.set_ylim(0, top * 1.18)
-    left.set_ylabel(ratio_ylabel)
-    left.set_xlabel("backend")
-    left.set_title(
-        "median of per-round ratios (dots: each round; red edge: target missed)", fontsize=10
-    )
-    # Legends go under the axes, where they cannot hide a bar, a dot or a label.
-    handles: list[Any] = [
-        Patch(facecolor=colors[j % len(colors)], edgecolor="black", label=label)
-        for j, label in enumerate(labels)
-    ]
-    handles.append(Line2D([], [], color="red", linestyle="--", label=target_label))
-    left.legend(
-        handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3
-    )
+    return plt
 
-    variants = list(dict.fromkeys(v for values in side_values.values() for v in values))
-    side_groups = list(side_values)
-    side_width = 0.8 / max(1, len(variants))
-    for j, variant in enumerate(variants):
-        xs = [i + (j - (len(variants) - 1) / 2) * side_width for i in range(len(side_groups))]
-        ys = [side_values[g].get(variant, float("nan")) for g in side_groups]
-        right.bar(xs, ys, side_width * 0.9, label=variant, color=colors[(j + 3) % len(colors)])
-    right.set_xticks(range(len(side_groups)), side_groups)
-    right.set_xlabel("backend")
-    right.set_ylabel(side_ylabel)
-    right.set_title(side_title, fontsize=10)
-    if side_log:
-        right.set_yscale("log")
-    right.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
+
+RATIO_NOTE = "medians of per-round ratios; variants interleaved, order rotated each round"
+
+
+def figure(
+    panels: int,
+    title: str,
+    env: Mapping[str, Any],
+    note: str = RATIO_NOTE,
+    *,
+    width: float = 6.0,
+    height: float = 5.0,
+) -> tuple[Any, Any]:
+    """A figure of ``panels`` side-by-side axes, a title, and a footnote ending in the load."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, panels, figsize=(width * panels + 1, height), squeeze=False)
     fig.suptitle(title, fontsize=12)
-    if footnote:
-        fig.text(0.01, 0.01, footnote, fontsize=7.5, color="dimgray", va="bottom")
-    fig.tight_layout(rect=(0, 0.06 if footnote else 0, 1, 0.95))
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    fig.text(0.01, 0.01, f"{note}; {load_text(env)} at start", fontsize=7.5, color="dimgray")
+    fig.subplots_adjust(left=0.2 / panels + 0.08, right=0.97, wspace=0.8, bottom=0.14, top=0.86)
+    return fig, list(axes[0])
 
 
-def load_text(env: Mapping[str, Any]) -> str:
-    """``load avg 0.34 0.38 0.21`` (1, 5, 15 min) at the start of the run, for footnotes."""
-    load = env.get("load_average_at_start")
-    return "load avg n/a" if not load else "load avg " + " ".join(f"{x:.2f}" for x in load)
+def flatten(results: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """``{"<group>: <name>": value}`` from ``results[group][key][name]``: one chart row each."""
+    return {
+        f"{LABELS.get(group, group)}: {name}": value
+        for group, result in results.items()
+        if isinstance(result, Mapping) and key in result
+        for name, value in result[key].items()
+    }
 
 
-def verdict_lines(checks: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """``backend: ratio=… target ≤ … PASS/FAIL`` lines for the console."""
-    lines = []
-    for key, summary in checks.items():
-        state = "PASS" if summary.get("passed") else "FAIL"
-        lines.append(
-            f"  {key}: median ratio {summary['median']:.3f} (rounds {summary['min']:.3f}"
-            f"-{summary['max']:.3f}), target <= {summary['target']}: {state}"
+def ratio_panel(
+    ax: Any, rows: Mapping[str, Mapping[str, Any]], title: str, *, log_scale: bool = False
+) -> None:
+    """One horizontal bar per ratio summary: the median, each round as a dot, the target as a
+    red tick (a red bar missed it), the median written beside the bar."""
+    for y, (_label, summary) in enumerate(rows.items()):
+        target = summary.get("target")
+        missed = target is not None and summary["median"] > target
+        ax.barh(y, summary["median"], color="tab:red" if missed else "tab:blue", alpha=0.7)
+        ax.scatter(
+            summary["per_round"], [y] * len(summary["per_round"]), s=8, color="black", zorder=3
         )
-    return lines
+        ax.annotate(
+            f"{summary['median']:.2f}×"
+            if summary["median"] < 100
+            else f"{summary['median']:,.0f}×",
+            (summary["median"], y),
+            xytext=(4, 4),
+            textcoords="offset points",
+            fontsize=8,
+            fontweight="bold",
+        )
+        if target is not None:
+            ax.plot([target, target], [y - 0.4, y + 0.4], color="red", linewidth=2.5)
+    ax.axvline(1.0, color="grey", linestyle=":", linewidth=1)
+    ax.set_yticks(range(len(rows)), list(rows), fontsize=8)
+    ax.invert_yaxis()
+    if log_scale:
+        ax.set_xscale("log")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("time ratio (lower is faster; red tick: target)", fontsize=9)
+
+
+def value_panel(
+    ax: Any, values: Mapping[str, float], title: str, unit: str, *, log_scale: bool = False
+) -> None:
+    """One horizontal bar per value, labelled with it."""
+    ax.barh(range(len(values)), list(values.values()), color="tab:green", alpha=0.7)
+    for y, value in enumerate(values.values()):
+        ax.annotate(
+            f"{value:,.3g} {unit}",
+            (value, y),
+            xytext=(3, -3),
+            textcoords="offset points",
+            fontsize=8,
+        )
+    ax.set_yticks(range(len(values)), list(values), fontsize=8)
+    ax.invert_yaxis()
+    if log_scale:
+        ax.set_xscale("log")
+    ax.set_title(title, fontsize=10)

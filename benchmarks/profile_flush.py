@@ -1,171 +1,123 @@
-"""Where the time of bench_flush's ``add_all`` + ``flush`` + ``commit`` goes, per model and phase.
+"""Where a flush's time goes, per phase, for the three models of ``bench_flush.py``.
 
-Phases, measured with event hooks around the same interleaved runs as ``bench_flush.py``:
+The same models, sizes and interleaved runs as ``bench_flush.py``, each run split into:
+``add_all``; ``before_flush``, every ``before_flush`` listener on ``Session`` (in practice the
+library's id assignment, which runs on every flush; timed by a listener inserted first and one
+appended last); ``driver INSERT``, time inside the driver for the INSERTs
+(``before/after_cursor_execute``); ``flush rest``, the rest of ``flush()`` (unit of work,
+parameters, key write-back); ``commit``. No target: a profiling aid.
 
-* ``add_all``        ``session.add_all(objs)``
-* ``before_flush``   every ``before_flush`` listener on ``Session`` - in practice the library's
-                     ``_assign_ids``, which runs on every flush, TicketId model or not (timed by a
-                     listener inserted first and one appended last)
-* ``driver INSERT``  time inside the driver for the INSERTs (``before/after_cursor_execute``)
-* ``flush rest``     the rest of ``flush()``: unit of work, parameter building, key write-back
-* ``commit``         ``session.commit()`` (COMMIT, expiring the objects)
+    .venv/bin/python benchmarks/profile_flush.py [--smoke] [--backends ...] [--cprofile]
 
-    .venv/bin/python benchmarks/profile_flush.py [--quick] [--backends ...] [--cprofile]
-
-Writes ``results/profile_flush.json``; ``--cprofile`` also dumps one profile per backend and
-model (``results/profile_flush_<backend>_<model>.prof``) and prints the top of the ticket one.
+``--cprofile`` also dumps one cProfile per backend and model (``<out>/profile_flush_<backend>_
+<model>.prof``; read one with ``python -m pstats``).
 """
 
 from __future__ import annotations
 
-import argparse
 import cProfile
-import io
-import pstats
 import statistics
 import sys
 import time
 from typing import Any
 
+import _common as h
 import sqlalchemy as sa
-from _common import (
-    RESULTS_DIR,
-    Variant,
-    environment,
-    interleave,
-    log,
-    parse_args,
-    throwaway_database,
-    write_json,
-)
-from bench_flush import MODELS, Base, build_objects, close_ticket_source, empty_table
+from bench_flush import MODELS, Base, flush
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 NAME = "profile_flush"
-PHASES = ("add_all", "before_flush", "driver INSERT", "flush rest", "commit", "total")
+PHASES = ("add_all", "before_flush", "driver INSERT", "flush rest", "commit")
 
 
-def run_backend(backend: str, rows: int, rounds: int, use_cprofile: bool) -> dict[str, Any]:
-    marks: dict[str, float] = {}
-    driver: list[float] = []
+class Clock:
+    """Listeners marking the phases of the flush in progress."""
 
-    def first(*_: Any) -> None:
-        marks["before_flush_start"] = time.perf_counter()
+    def __init__(self) -> None:
+        self.marks: dict[str, float] = {}
+        self.driver = 0.0
 
-    def last(*_: Any) -> None:
-        marks["before_flush_end"] = time.perf_counter()
+    def mark(self, name: str) -> Any:
+        return lambda *_: self.marks.__setitem__(name, time.perf_counter())
 
-    def before_cursor(conn, cursor, statement, *_: Any) -> None:  # type: ignore[no-untyped-def]
-        marks["cursor"] = time.perf_counter()
-
-    def after_cursor(conn, cursor, statement, *_: Any) -> None:  # type: ignore[no-untyped-def]
+    def after_cursor(self, conn: Any, cursor: Any, statement: str, *_: Any) -> None:
         if statement.lstrip().upper().startswith("INSERT"):
-            driver.append(time.perf_counter() - marks["cursor"])
+            self.driver += time.perf_counter() - self.marks["cursor"]
 
-    phases: dict[str, dict[str, list[float]]] = {m: {p: [] for p in PHASES} for m in MODELS}
-    profiles: dict[str, str] = {}
-    with throwaway_database(backend) as url:
+
+def phased(variant: h.Variant, clock: Clock, seen: dict[str, list[float]]) -> h.Variant:
+    """``variant``'s run, its phases recorded from the clock's marks."""
+
+    def run(state: tuple[Session, list[Any]]) -> None:
+        session, objs = state
+        clock.driver, t0 = 0.0, time.perf_counter()
+        session.add_all(objs)
+        t1 = time.perf_counter()
+        session.flush()
+        t2 = time.perf_counter()
+        session.commit()
+        hooks = clock.marks["hooks end"] - clock.marks["hooks start"]
+        values = (
+            t1 - t0,
+            hooks,
+            clock.driver,
+            t2 - t1 - hooks - clock.driver,
+            time.perf_counter() - t2,
+        )
+        for phase, value in zip(PHASES, values, strict=True):
+            seen[phase].append(value)
+
+    return h.Variant(variant.name, run, variant.setup, variant.teardown)
+
+
+def run_backend(args: Any, backend: str, rows: int) -> dict[str, Any]:
+    clock, phases = Clock(), {name: {p: [] for p in PHASES} for name in MODELS}
+    listeners = [
+        (Session, "before_flush", clock.mark("hooks start"), {"insert": True}),
+        (Session, "before_flush", clock.mark("hooks end"), {}),
+    ]
+    with h.throwaway_database(backend) as url:
         engine = sa.create_engine(url)
-        event.listen(Session, "before_flush", first, insert=True)
-        event.listen(Session, "before_flush", last)
-        event.listen(engine, "before_cursor_execute", before_cursor)
-        event.listen(engine, "after_cursor_execute", after_cursor)
+        listeners += [
+            (engine, "before_cursor_execute", clock.mark("cursor"), {}),
+            (engine, "after_cursor_execute", clock.after_cursor, {}),
+        ]
+        for target, name, fn, kw in listeners:
+            event.listen(target, name, fn, **kw)
         try:
             Base.metadata.create_all(engine)
-
-            def variant(name: str) -> Variant:
-                model = MODELS[name]
-                seen = phases[name]
-
-                def setup() -> tuple[Session, list[Any]]:
-                    empty_table(engine, backend, model)
-                    return Session(engine), build_objects(model, rows)
-
-                def run(state: tuple[Session, list[Any]]) -> None:
-                    session, objs = state
-                    driver.clear()
-                    t0 = time.perf_counter()
-                    session.add_all(objs)
-                    t1 = time.perf_counter()
-                    session.flush()
-                    t2 = time.perf_counter()
-                    session.commit()
-                    t3 = time.perf_counter()
-                    hooks = marks["before_flush_end"] - marks["before_flush_start"]
-                    inserts = sum(driver)
-                    rest = t2 - t1 - hooks - inserts
-                    values = (t1 - t0, hooks, inserts, rest, t3 - t2, t3 - t0)
-                    for phase, value in zip(PHASES, values, strict=True):
-                        seen[phase].append(value)
-
-                return Variant(name, run, setup, lambda state: state[0].close())
-
-            log(f"[{backend}] {rows} rows per flush, {rounds} rounds")
-            interleave([variant(name) for name in MODELS], rounds, warmup=1, label=f"{backend} ")
-            if use_cprofile:
-                for name, model in MODELS.items():
-                    empty_table(engine, backend, model)
-                    objs = build_objects(model, rows)
-                    profiler = cProfile.Profile()
-                    with Session(engine) as session:
-                        profiler.enable()
-                        session.add_all(objs)
-                        session.flush()
-                        session.commit()
-                        profiler.disable()
-                    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-                    profiler.dump_stats(RESULTS_DIR / f"{NAME}_{backend}_{name}.prof")
-                    out = io.StringIO()
-                    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(20)
-                    profiles[name] = out.getvalue()
+            variants = [phased(flush(engine, name, rows), clock, phases[name]) for name in MODELS]
+            h.interleave(variants, h.rounds(args, 7), label=f"{backend} ")
+            for variant in variants if args.cprofile else []:
+                state, profiler = variant.setup(), cProfile.Profile()
+                profiler.runcall(variant.run, state)
+                variant.teardown(state)
+                profiler.dump_stats(args.out / f"{NAME}_{backend}_{variant.name}.prof")
         finally:
-            event.remove(Session, "before_flush", first)
-            event.remove(Session, "before_flush", last)
-            close_ticket_source(engine)
+            for target, name, fn, _ in listeners:
+                event.remove(target, name, fn)
+            h.close_embedded(engine)
             engine.dispose()
-    # Phase lists include the warm-up run first; drop it.
-    medians = {
-        name: {phase: statistics.median(values[1:]) for phase, values in seen.items()}
-        for name, seen in phases.items()
+    # Each list starts with the warm-up run's; the median is of the timed runs.
+    median = {
+        m: {p: statistics.median(v[1:]) * 1e3 for p, v in ph.items()} for m, ph in phases.items()
     }
-    return {
-        "rows": rows,
-        "median_seconds": medians,
-        "seconds_per_round": phases,
-        "cprofile_top": profiles,
-    }
+    h.log(
+        f"{backend}: median ms per phase ({rows:,} rows)\n  {'model':8s}"
+        + "".join(f"{p:>15s}" for p in PHASES)
+    )
+    for model, ms in median.items():
+        h.log(f"  {model:8s}" + "".join(f"{ms[p]:15.1f}" for p in PHASES))
+    return {"median_ms": median, "seconds_per_round": phases}
 
 
 def main(argv: list[str] | None = None) -> int:
-    def extra(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--cprofile", action="store_true", help="also dump cProfiles")
-
-    args = parse_args(__doc__.split("\n\n")[0], argv, extra)
-    rows = 2_000 if args.quick else 20_000
-    rounds = args.rounds or (3 if args.quick else 7)
-    env = environment()
-    results = {b: run_backend(b, rows, rounds, args.cprofile) for b in args.backends}
-    write_json(
-        NAME,
-        {
-            "benchmark": NAME,
-            "description": __doc__,
-            "environment": env,
-            "parameters": {"rows": rows, "rounds": rounds},
-            "backends": results,
-        },
-    )
-    log("")
-    for backend, result in results.items():
-        log(f"{backend}: median ms per phase ({rows} rows)")
-        log("  " + f"{'model':8s}" + "".join(f"{phase:>15s}" for phase in PHASES))
-        for name, medians in result["median_seconds"].items():
-            log("  " + f"{name:8s}" + "".join(f"{medians[p] * 1e3:15.1f}" for p in PHASES))
-        if "ticket" in result["cprofile_top"]:
-            log(result["cprofile_top"]["ticket"])
-    log(f"wrote {RESULTS_DIR / (NAME + '.json')}")
-    return 0
+    args = h.parse_args(__doc__, argv, lambda p: p.add_argument("--cprofile", action="store_true"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = 200 if args.smoke else 20_000
+    results = {backend: run_backend(args, backend, rows) for backend in args.backends}
+    return h.report(args, NAME, env=h.environment(), parameters={"rows": rows}, results=results)
 
 
 if __name__ == "__main__":
