@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = shutil.which("sqlalchemy-tickets", path=os.path.dirname(sys.executable))
-
-
-def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    assert SCRIPT is not None, "the sqlalchemy-tickets console script is not installed"
-    return subprocess.run(
-        [SCRIPT, *args], capture_output=True, text=True, timeout=120, cwd=cwd, check=False
-    )
+from support.cli import run
 
 
 def test_demo_runs_on_sqlite_in_the_current_directory(tmp_path: Path) -> None:

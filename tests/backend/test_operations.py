@@ -22,8 +22,7 @@ from sqlalchemy_tickets import (
     TicketServerUnavailable,
 )
 from sqlalchemy_tickets._naming import max_id
-
-from .test_cli import run
+from support.cli import run
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "migrations_examples"
 

@@ -263,5 +263,11 @@ def test_sqlite_embedded_tickets_live_in_a_sibling_file(tmp_path: Path) -> None:
     from sqlalchemy_tickets.sources.default import embedded_source
 
     engine = sa.create_engine(f"sqlite:///{tmp_path / 'app.db'}")
-    assert embedded_source(engine).source.url.database  # type: ignore[attr-defined] == str(tmp_path / "app.db-tickets")
-    engine.dispose()
+    cache = embedded_source(engine)
+    try:
+        assert isinstance(cache.source, TicketServer)
+        assert cache.source.url.database == str(tmp_path / "app.db-tickets")
+    finally:
+        cache.close()
+        cache.source.dispose()  # type: ignore[attr-defined]
+        engine.dispose()

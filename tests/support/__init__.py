@@ -1,1 +1,2 @@
-"""Test-only helpers: a fault-injecting TCP proxy and private database server processes."""
+"""Test-only helpers: a fault-injecting TCP proxy, private database server processes, the
+console script as a process, and an in-memory ticket source."""
