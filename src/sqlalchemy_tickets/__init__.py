@@ -17,6 +17,7 @@ from .errors import (
     TicketServerUnavailable,
     UnknownSequenceError,
 )
+from .prefix_lookup import async_lookup, lookup
 from .retry import async_retry_session, is_retryable, retry_session
 from .sources import CachedSource, TicketServer, TicketServers, TicketSource, configure
 from .timeouts import apply_timeouts
@@ -45,8 +46,10 @@ __all__ = [
     "UnknownSequenceError",
     "__version__",
     "apply_timeouts",
+    "async_lookup",
     "async_retry_session",
     "configure",
     "is_retryable",
+    "lookup",
     "retry_session",
 ]

@@ -46,7 +46,13 @@ from .errors import TicketsError
 from .flush import AssignedIdType, EngineGetter
 from .generators.lease import DEFAULT_NAMESPACE, WorkerLease
 from .generators.objectid import ObjectIdGenerator, check_object_id
-from .generators.prefixed import BODY_LENGTH, PrefixedIdGenerator, check_prefix, check_value
+from .generators.prefixed import (
+    BODY_LENGTH,
+    FORMATS,
+    PrefixedIdGenerator,
+    check_prefix,
+    check_value,
+)
 from .generators.snowflake import (
     DEFAULT_MAX_BACKWARD_MS,
     TWITTER_EPOCH_MS,
@@ -324,7 +330,8 @@ class PrefixedId(AssignedIdType, TypeDecorator[str]):
     """A string key like ``post_01jd5m8w3kx…``: time-ordered, URL-safe, prefix-checked.
 
     Args:
-        prefix: 1-63 lowercase letters/underscores, starting and ending with a letter.
+        prefix: 1-63 lowercase letters/underscores, starting and ending with a letter; with
+            ``format="typeid"`` also ``""`` (TypeIDs without a prefix, as the spec allows).
         format: ``"ulid"`` (default: a lowercase ULID body) or ``"typeid"`` (a TypeID: the body
             is a base32 UUIDv7; ``typeid.TypeID.from_string`` reads it).
         secure: random bits from the OS CSPRNG (default) or a seeded PRNG (faster; ids become
@@ -335,6 +342,9 @@ class PrefixedId(AssignedIdType, TypeDecorator[str]):
     (SQLAlchemy wraps it in ``StatementError``; ``.orig`` is the ``TicketsError``) before any
     SQL is sent.
     ``LIKE``-style patterns are not checked.
+
+    As the primary key of a mapped class, the prefix names the class:
+    :func:`sqlalchemy_tickets.lookup` loads a record from its id alone.
     """
 
     impl = sa.String
@@ -348,10 +358,12 @@ class PrefixedId(AssignedIdType, TypeDecorator[str]):
         format: Literal["ulid", "typeid"] = "ulid",
         secure: bool = True,
     ) -> None:
-        self.prefix = check_prefix(prefix)
+        if format not in FORMATS:
+            raise TicketsError(f"format must be one of {FORMATS}, not {format!r}")
+        self.prefix = check_prefix(prefix, allow_empty=format == "typeid")
         self.format = format
         self.secure = bool(secure)
-        self.length = len(prefix) + 1 + BODY_LENGTH
+        self.length = len(prefix) + (1 if prefix else 0) + BODY_LENGTH
         super().__init__(self.length)
         self.impl = _ascii_string(self.length)  # type: ignore[assignment]
         key = (self.prefix, format, self.secure)

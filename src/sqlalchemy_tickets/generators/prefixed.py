@@ -13,7 +13,13 @@ their 128-bit values. Two layouts:
 ``format="typeid"`` — a TypeID (https://github.com/jetify-com/typeid, spec v0.3): the body is
     the base32 of an RFC 9562 UUIDv7:
     48-bit ms | ver 0111 | 12 bits of counter | var 10 | 27 bits of counter | 35 random bits.
-    ``typeid.TypeID.from_string(value)`` parses it and gives back the UUID.
+    ``typeid.TypeID.from_string(value)`` parses it and gives back the UUID. As the spec allows,
+    a TypeID may have no prefix at all (``01h455vb4pex5vsknk084sn02q``, no separator): pass
+    ``prefix=""`` with ``format="typeid"``.
+
+Reading ids (:func:`split`, :func:`parse`, :func:`check_value`) follows the TypeID spec for
+both formats, whose bodies have the same shape; ``tests/data/typeid`` holds the spec's own
+valid and invalid examples, which the test suite checks.
 
 Within one generator, ids are strictly increasing — the RFC 9562 §6.2 "fixed-length dedicated
 counter" method: each new millisecond seeds the counter with random bits whose top bit is zero
@@ -53,8 +59,12 @@ __all__ = [
     "PrefixedIdGenerator",
     "PrefixedParts",
     "check_prefix",
+    "check_value",
     "decode_base32",
     "encode_base32",
+    "from_uuid",
+    "parse",
+    "split",
 ]
 
 ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
@@ -70,15 +80,23 @@ _BYTE_TO_CHAR = bytes.maketrans(bytes(range(256)), bytes(ord(ALPHABET[b & 31]) f
 _RANDOM_BLOCK = 4096
 
 
-def check_prefix(prefix: object) -> str:
+def check_prefix(prefix: object, *, allow_empty: bool = False) -> str:
     """Return ``prefix`` if it is a valid id prefix, else raise :class:`TicketsError`.
 
     Valid: 1 to 63 lowercase ASCII letters and underscores, starting and ending with a letter
-    (TypeID's rule, so every prefix works in both formats).
+    (TypeID's rule, so every prefix works in both formats). ``allow_empty=True`` also accepts
+    ``""``: a TypeID without a type, which the TypeID spec allows.
     """
     if not isinstance(prefix, str):
         raise TicketsError(f"an id prefix must be a string, not {type(prefix).__name__}")
-    if not prefix or len(prefix) > MAX_PREFIX_LENGTH or not _PREFIX_RE.match(prefix):
+    if not prefix and allow_empty:
+        return prefix
+    if not prefix and not allow_empty:
+        raise TicketsError(
+            "an empty id prefix is allowed only with format='typeid' (a TypeID without a "
+            "type); give a prefix of lowercase letters, e.g. 'post'"
+        )
+    if len(prefix) > MAX_PREFIX_LENGTH or not _PREFIX_RE.match(prefix):
         raise TicketsError(
             f"invalid id prefix {prefix!r}: use 1 to {MAX_PREFIX_LENGTH} lowercase letters "
             "a-z and underscores, starting and ending with a letter (e.g. 'post', 'user_key')"
@@ -104,17 +122,35 @@ def decode_base32(text: str) -> int:
     return int(text.translate(_TO_INT_DIGITS), 32)
 
 
+#: Unix milliseconds of 9999-12-31T23:59:59.999Z, the last instant ``datetime`` can hold.
+_MAX_DATETIME_MS = 253_402_300_799_999
+
+
 @dataclass(frozen=True)
 class PrefixedParts:
     """What a prefixed id says about itself."""
 
+    #: The prefix, ``""`` for a TypeID without one.
     prefix: str
-    #: Creation time (UTC, millisecond precision).
-    time: datetime
-    #: Unix milliseconds.
+    #: Unix milliseconds: the top 48 bits of the body (up to 2**48 - 1, in the year 10889).
     timestamp_ms: int
     #: The 128-bit value of the body.
     value: int
+
+    @property
+    def time(self) -> datetime:
+        """Creation time (UTC, millisecond precision).
+
+        Raises :class:`TicketsError` for a timestamp after the year 9999, which ``datetime``
+        cannot hold (the TypeID spec's ``7zzz…`` example; no id made here is that late):
+        read :attr:`timestamp_ms` instead.
+        """
+        if self.timestamp_ms > _MAX_DATETIME_MS:
+            raise TicketsError(
+                f"timestamp {self.timestamp_ms} ms is after the year 9999, which a datetime "
+                "cannot hold; read .timestamp_ms instead"
+            )
+        return datetime.fromtimestamp(self.timestamp_ms / 1000, tz=timezone.utc)
 
     @property
     def uuid(self) -> uuid.UUID:
@@ -166,9 +202,9 @@ class PrefixedIdGenerator:
         secure: bool = True,
         clock: Callable[[], int] = time.time_ns,
     ) -> None:
-        self.prefix = check_prefix(prefix)
         if format not in FORMATS:
             raise TicketsError(f"format must be one of {FORMATS}, not {format!r}")
+        self.prefix = check_prefix(prefix, allow_empty=format == "typeid")
         self.format = format
         self.secure = bool(secure)
         self.clock = clock
@@ -181,7 +217,7 @@ class PrefixedIdGenerator:
 
     def _build(self) -> None:
         clock = self.clock
-        head_prefix = self.prefix + "_"
+        head_prefix = self.prefix + "_" if self.prefix else ""
         pairs = _PAIRS
         rand = self._random
         typeid = self.format == "typeid"
@@ -269,7 +305,8 @@ class PrefixedIdGenerator:
 def _pattern(prefix: str) -> re.Pattern[str]:
     found = _patterns.get(prefix)
     if found is None:
-        found = re.compile(re.escape(prefix) + r"_[0-7][" + ALPHABET + r"]{25}\Z")
+        head = re.escape(prefix) + "_" if prefix else ""
+        found = re.compile(head + r"[0-7][" + ALPHABET + r"]{25}\Z")
         with _instances_lock:
             _patterns[prefix] = found
     return found
@@ -278,45 +315,96 @@ def _pattern(prefix: str) -> re.Pattern[str]:
 _patterns: dict[str, re.Pattern[str]] = {}
 
 
-def check_value(prefix: str, value: object) -> str:
-    """Return ``value`` if it is ``<prefix>_<26 base32 chars>``, else raise TicketsError."""
+def show(value: str, limit: int = 100) -> str:
+    """``repr(value)``, cut short so a huge bad value cannot flood a log line."""
+    if len(value) <= limit:
+        return repr(value)
+    return repr(value[:limit]) + f"… ({len(value)} characters)"
+
+
+def _example(prefix: str) -> str:
+    return f"{prefix}_01h455vb4pex5vsknk084sn02q" if prefix else "01h455vb4pex5vsknk084sn02q"
+
+
+def _split(value: str) -> tuple[str, str] | str:
+    """``(prefix, body)`` of a well-formed id, or why it is not one."""
+    prefix, sep, body = value.rpartition("_")
+    if sep and not prefix:
+        return (
+            "it starts with '_', with no prefix before it (an id without a prefix has no "
+            "separator either)"
+        )
+    if prefix and (len(prefix) > MAX_PREFIX_LENGTH or not _PREFIX_RE.match(prefix)):
+        return (
+            f"its prefix {show(prefix, 70)} is not 1 to {MAX_PREFIX_LENGTH} lowercase letters "
+            "a-z and underscores, starting and ending with a letter"
+        )
+    if len(body) != BODY_LENGTH or body.strip(ALPHABET):
+        return (
+            f"after the prefix and '_' come exactly {BODY_LENGTH} lowercase base32 characters "
+            f"({ALPHABET})"
+        )
+    if body[0] > "7":
+        return "its body encodes more than 128 bits (the first of the 26 characters is 0-7)"
+    return prefix, body
+
+
+def split(value: object) -> tuple[str, str]:
+    """``(prefix, body)`` of any well-formed prefixed id or TypeID, else raise TicketsError.
+
+    Well-formed (the TypeID spec, v0.3): an optional prefix of 1-63 lowercase letters and
+    underscores starting and ending with a letter, then ``_`` (only if there is a prefix), then
+    26 lowercase base32 characters of which the first is ``0``-``7`` (at most 128 bits). The
+    prefix of a TypeID without one is ``""``.
+    """
     if not isinstance(value, str):
         raise TicketsError(
-            f"a {prefix!r} id must be a string like {prefix}_01h…, not {type(value).__name__}"
+            f"an id must be a string like {_example('post')}, not {type(value).__name__}"
         )
-    if _pattern(prefix).match(value):
+    found = _split(value)
+    if isinstance(found, str):
+        raise TicketsError(f"{show(value)} is not a prefixed id: {found}")
+    return found
+
+
+def check_value(prefix: str, value: object) -> str:
+    """Return ``value`` if it is ``<prefix>_<26 base32 chars>``, else raise TicketsError.
+
+    With ``prefix=""`` the value is a TypeID without a prefix: the 26 characters alone.
+    """
+    if type(value) is str and _pattern(prefix).match(value):
         return value
-    other, sep, body = value.rpartition("_")
-    if sep and other != prefix and _PREFIX_RE.match(other or "-"):
+    kind = f"a {prefix!r} id" if prefix else "a TypeID without a prefix"
+    if not isinstance(value, str):
         raise TicketsError(
-            f"{value!r} is a {other!r} id, not a {prefix!r} id: an id of another kind was given "
-            f"where a {prefix}_… id belongs; nothing was written"
+            f"{kind} must be a string like {_example(prefix)}, not {type(value).__name__}"
         )
+    if _pattern(prefix).match(value):  # a str subclass
+        return value
+    found = _split(value)
+    if isinstance(found, str):
+        raise TicketsError(f"{show(value)} is not {kind} (like {_example(prefix)}): {found}")
+    other = found[0]
+    other_kind = f"a {other!r} id" if other else "a TypeID without a prefix"
     raise TicketsError(
-        f"{value!r} is not a {prefix!r} id: expected {prefix}_ followed by "
-        f"{BODY_LENGTH} lowercase base32 characters ({ALPHABET}), the first one 0-7"
+        f"{show(value)} is {other_kind}, not {kind}: an id of another kind was given "
+        f"where {prefix + '_…' if prefix else 'a bare TypeID'} belongs; nothing was written"
     )
 
 
 def parse(value: str) -> PrefixedParts:
-    """The prefix, creation time and 128-bit value of any prefixed id (either format)."""
-    prefix, sep, body = value.rpartition("_")
-    if not sep:
-        raise TicketsError(f"{value!r} has no prefix: expected <prefix>_<{BODY_LENGTH} chars>")
-    check_value(check_prefix(prefix), value)
+    """The prefix, creation time and 128-bit value of any prefixed id (either format) or any
+    TypeID, prefix or not; raises TicketsError for anything else."""
+    prefix, body = split(value)
     number = decode_base32(body)
-    ms = number >> 80
-    return PrefixedParts(
-        prefix=prefix,
-        time=datetime.fromtimestamp(ms / 1000, tz=timezone.utc),
-        timestamp_ms=ms,
-        value=number,
-    )
+    return PrefixedParts(prefix=prefix, timestamp_ms=number >> 80, value=number)
 
 
 def from_uuid(prefix: str, value: uuid.UUID) -> str:
-    """The TypeID string of a UUID: ``<prefix>_<base32 of its 128 bits>``."""
-    return f"{check_prefix(prefix)}_{encode_base32(value.int)}"
+    """The TypeID string of a UUID: ``<prefix>_<base32 of its 128 bits>`` (no ``_`` if the
+    prefix is ``""``)."""
+    body = encode_base32(value.int)
+    return f"{check_prefix(prefix, allow_empty=True)}_{body}" if prefix else body
 
 
 _instances: weakref.WeakSet[PrefixedIdGenerator] = weakref.WeakSet()
