@@ -9,9 +9,9 @@ How the prefix finds its class:
 
 * When SQLAlchemy configures mappers, every mapper whose primary key is one ``PrefixedId``
   column claims that column's prefix (the ``before_mapper_configured`` event). Within one
-  declarative registry a prefix has one owner: a second class claiming it fails the configuration with a
-  :class:`~sqlalchemy_tickets.TicketsError` naming both classes (and every later attempt to
-  configure that registry, until one of them is given another prefix).
+  declarative registry a prefix has one owner: a second class claiming it fails the
+  configuration with a :class:`~sqlalchemy_tickets.TicketsError` naming both classes (and
+  every later attempt to configure that registry, until one of them gets another prefix).
 * Subclasses (joined or single-table inheritance) share their base's primary key and so its
   prefix; ``session.get`` on the base returns the right subclass. A concrete subclass has its
   own table and may have its own prefix; a concrete hierarchy sharing one prefix is looked up
