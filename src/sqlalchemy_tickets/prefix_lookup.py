@@ -55,10 +55,10 @@ log = logging.getLogger(__name__)
 class _Owner:
     """The class that owns a prefix, as the fast path of :func:`lookup` needs it."""
 
-    __slots__ = ("cls", "mapper", "match")
+    __slots__ = ("mapper", "match")
 
     def __init__(self, mapper: Mapper[Any], prefix: str) -> None:
-        self.cls: type[Any] = mapper.class_
+        # Weakly held, like everything here: a registry's classes may be collected.
         self.mapper = weakref.ref(mapper)
         #: Matches whole well-formed ids of the prefix.
         self.match = _pattern(prefix).match
@@ -210,6 +210,7 @@ def _as_text(value: object) -> str:
 
 
 def _known(where: Registry | None) -> str:
+    _configure(where)
     with _lock:
         prefixes = sorted(
             prefix
@@ -238,7 +239,7 @@ def _owner(value: str, where: Registry | None) -> type[Any]:
         if owner is not None and owner.match(value):
             mapper = owner.mapper()
             if mapper is not None and not mapper._dispose_called:
-                return owner.cls
+                return mapper.class_
     return _owner_slow(value, where)
 
 
