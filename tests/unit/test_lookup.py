@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 import asyncio
 import gc
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -361,3 +363,34 @@ def test_lookup_module_imports_the_asyncio_extension_only_for_type_checking() ->
         if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in guarded
     ]
     assert imported and not [line for line in imported if "asyncio" in line or "greenlet" in line]
+
+
+def test_lookup_works_without_the_asyncio_extension_or_greenlet() -> None:
+    code = """
+import sys
+sys.modules["sqlalchemy.ext.asyncio"] = None  # importing either now raises ImportError
+sys.modules["greenlet"] = None
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy_tickets import PrefixedId, lookup, async_lookup
+
+class Base(DeclarativeBase):
+    pass
+
+class Note(Base):
+    __tablename__ = "notes"
+    id: Mapped[str] = mapped_column(PrefixedId("note"), primary_key=True)
+
+engine = sa.create_engine("sqlite://")
+Base.metadata.create_all(engine)
+with Session(engine) as session:
+    note = Note()
+    session.add(note)
+    session.commit()
+    assert lookup(session, note.id) is note
+print("ok")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
