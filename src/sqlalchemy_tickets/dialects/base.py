@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -71,6 +71,17 @@ def backend_for(dialect_name: str) -> TicketBackend:
         importlib.import_module(module)
         backend = _registry[dialect_name]
     return backend
+
+
+def transport_fd(transport: Any) -> int | None:
+    """The socket descriptor under an asyncio transport (``None`` without one, or once closed)."""
+    if transport is None:
+        return None
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return None
+    fd = int(sock.fileno())
+    return fd if fd >= 0 else None
 
 
 class RawStatement:
@@ -161,8 +172,31 @@ class TicketBackend:
         raise TicketsError(f"timeouts are not supported for {dialect.name}+{dialect.driver}")
 
     def socket_fd(self, dbapi_connection: Any) -> int | None:
-        """The socket under a DBAPI connection, so a watchdog can cut a hung round trip short."""
+        """The socket under a DBAPI connection (or an asyncio driver's connection), so a
+        watchdog can cut a hung round trip short."""
         return None
+
+    def async_connect_timeout(
+        self, dialect: Dialect, cparams: dict[str, Any], seconds: float
+    ) -> Callable[..., Awaitable[Any]] | None:
+        """For an application engine on an asyncio driver: add the driver's own connect
+        timeout to ``cparams`` and return the driver's connect coroutine function, which the
+        caller bounds as a whole; after connecting, each round trip is bounded by shutting down
+        :meth:`socket_fd`. ``None``: nothing more to bound (a file has no network).
+
+        Raises :class:`TicketsError` naming the driver and why when it cannot be bounded.
+        """
+        raise TicketsError(
+            f"timeouts are not supported for the asyncio driver {dialect.name}+{dialect.driver}: "
+            "the library does not know where its connections keep their socket, so a hung "
+            "round trip could not be cut short"
+        )
+
+    def connect_timeout_error(self, dbapi: Any, message: str) -> Exception:
+        """The DBAPI error a connect that outlived its bound raises (a connection error, so
+        SQLAlchemy wraps it and :func:`~sqlalchemy_tickets.is_retryable` retries it)."""
+        error: Exception = dbapi.OperationalError(message)
+        return error
 
     # -- tables --------------------------------------------------------------------------
 

@@ -10,7 +10,9 @@ key is updated upward.
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
@@ -18,9 +20,17 @@ from sqlalchemy.engine import URL, Dialect
 
 from .._naming import TicketTable
 from ..errors import StrideMismatchError
-from .base import TableInfo, TableSpec, TicketBackend, advance, register_backend
+from .base import (
+    TableInfo,
+    TableSpec,
+    TicketBackend,
+    advance,
+    register_backend,
+    transport_fd,
+)
 
 _NO_SUCH_TABLE = 1146
+_CANNOT_CONNECT = 2003
 #: 1205 lock wait timeout, 1213 deadlock, 1053 server shutdown, 1927 connection killed,
 #: 2003 cannot connect, 2006 server has gone away, 2013 lost connection during query,
 #: 4031 disconnected by the server for inactivity.
@@ -53,8 +63,28 @@ class MySQLBackend(TicketBackend):
         }
 
     def socket_fd(self, dbapi_connection: Any) -> int | None:
-        sock = getattr(dbapi_connection, "_sock", None)
-        return sock.fileno() if sock is not None else None
+        # SQLAlchemy's asyncio adapters hold the driver's connection as driver_connection.
+        conn = getattr(dbapi_connection, "driver_connection", dbapi_connection)
+        sock = getattr(conn, "_sock", None)  # PyMySQL
+        if sock is not None:
+            return int(sock.fileno())
+        # aiomysql keeps its asyncio stream writer, whose transport holds the socket.
+        writer = getattr(conn, "_writer", None)
+        return transport_fd(getattr(writer, "transport", None))
+
+    def async_connect_timeout(
+        self, dialect: Dialect, cparams: dict[str, Any], seconds: float
+    ) -> Callable[..., Awaitable[Any]] | None:
+        if dialect.driver == "aiomysql":
+            aiomysql = importlib.import_module("aiomysql")  # untyped: no stubs to check against
+            # Only the TCP connect: the handshake is bounded by the caller.
+            cparams.setdefault("connect_timeout", seconds)
+            return cast("Callable[..., Awaitable[Any]]", aiomysql.connect)
+        return super().async_connect_timeout(dialect, cparams, seconds)
+
+    def connect_timeout_error(self, dbapi: Any, message: str) -> Exception:
+        error: Exception = dbapi.OperationalError(_CANNOT_CONNECT, message)
+        return error
 
     def flickr_table(self, spec: TableSpec, metadata: sa.MetaData) -> sa.Table:
         unsigned: sa.types.TypeEngine[int] = (

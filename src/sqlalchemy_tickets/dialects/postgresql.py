@@ -6,16 +6,21 @@ by the source's watchdog, which shuts down the connection's socket (see ``socket
 
 from __future__ import annotations
 
+import importlib
 import math
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, Dialect
 
-from .base import ReturningBackend, register_backend
+from .base import ReturningBackend, register_backend, transport_fd
 
 _RETRYABLE_STATES = frozenset({"40001", "40P01", "57014", "57P01", "57P02", "57P03"})
+#: Where the errors of the supported drivers are defined (SQLAlchemy's asyncpg adapter defines
+#: its own DBAPI error classes).
+_DRIVER_MODULES = ("psycopg", "psycopg2", "asyncpg", "sqlalchemy.dialects.postgresql.asyncpg")
 
 
 @register_backend("postgresql")
@@ -40,8 +45,28 @@ class PostgreSQLBackend(ReturningBackend):
         return {"connect_args": connect_args}
 
     def socket_fd(self, dbapi_connection: Any) -> int | None:
-        fileno = getattr(dbapi_connection, "fileno", None)
-        return int(fileno()) if fileno is not None else None
+        # SQLAlchemy's asyncio adapters hold the driver's connection as driver_connection.
+        conn = getattr(dbapi_connection, "driver_connection", dbapi_connection)
+        fileno = getattr(conn, "fileno", None)  # psycopg (sync and async), psycopg2
+        if fileno is not None:
+            return int(fileno())
+        # asyncpg keeps no public handle on its socket; its asyncio transport has one.
+        return transport_fd(getattr(conn, "_transport", None))
+
+    def async_connect_timeout(
+        self, dialect: Dialect, cparams: dict[str, Any], seconds: float
+    ) -> Callable[..., Awaitable[Any]] | None:
+        if dialect.driver == "psycopg":
+            import psycopg
+
+            # libpq counts whole seconds and treats anything under 2 as 2.
+            cparams.setdefault("connect_timeout", max(2, math.ceil(seconds)))
+            return psycopg.AsyncConnection.connect
+        if dialect.driver == "asyncpg":
+            asyncpg = importlib.import_module("asyncpg")  # untyped: no stubs to check against
+            cparams.setdefault("timeout", seconds)
+            return cast("Callable[..., Awaitable[Any]]", asyncpg.connect)
+        return super().async_connect_timeout(dialect, cparams, seconds)
 
     def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
         return postgresql.insert(table).values(**row).on_conflict_do_nothing()
@@ -54,7 +79,7 @@ class PostgreSQLBackend(ReturningBackend):
             return code in _RETRYABLE_STATES or code.startswith("08")
         # No SQLSTATE: the connection itself failed (closed, reset, cut by a timeout).
         return type(error).__name__ in ("OperationalError", "InterfaceError") and (
-            type(error).__module__.startswith(("psycopg", "psycopg2"))
+            type(error).__module__.startswith(_DRIVER_MODULES)
         )
 
     def is_missing_table(self, error: BaseException) -> bool:

@@ -8,6 +8,7 @@ transaction holds, so tickets taken mid-transaction must live elsewhere.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -32,6 +33,12 @@ class SQLiteBackend(ReturningBackend):
         self, dialect: Dialect, cargs: Any, cparams: dict[str, Any], seconds: float
     ) -> Any:
         cparams.setdefault("timeout", seconds)  # the busy timeout: a file has no network
+        return None
+
+    def async_connect_timeout(
+        self, dialect: Dialect, cparams: dict[str, Any], seconds: float
+    ) -> Callable[..., Awaitable[Any]] | None:
+        cparams.setdefault("timeout", seconds)  # aiosqlite hands it to sqlite3.connect
         return None
 
     def engine_options(self, url: URL, timeout: float) -> dict[str, Any]:
