@@ -297,6 +297,9 @@ def prefix_owners(*, registry: object = None) -> dict[str, list[type[Any]]]:
     return found
 
 
+_SESSIONS = (Session, scoped_session)
+
+
 def lookup(
     session: Session | scoped_session[Any], value: object, *, registry: object = None
 ) -> Any:
@@ -318,7 +321,15 @@ def lookup(
             claimed in several registries — before any SQL is sent. The message names the known
             prefixes.
     """
-    if not isinstance(session, (Session, scoped_session)):
+    # The common case inline (a plain str, a cached owner, nothing new to configure): a lookup
+    # is meant to cost little more than the session.get it ends in.
+    if registry is None and type(value) is str and _mappers_made == _mappers_configured:
+        owner = _owners.get(value.rpartition("_")[0])
+        if owner is not None and owner.match(value) and isinstance(session, _SESSIONS):
+            mapper = owner.mapper()
+            if mapper is not None and not mapper._dispose_called:
+                return session.get(mapper.class_, value)
+    if not isinstance(session, _SESSIONS):
         raise TicketsError(
             f"lookup() takes a Session, not {type(session).__name__}; for an AsyncSession use "
             "await async_lookup(session, value)"
@@ -334,7 +345,7 @@ async def async_lookup(
 
     The checks run before the first ``await``; the load is one ``await session.get(...)``.
     """
-    if isinstance(session, (Session, scoped_session)):
+    if isinstance(session, _SESSIONS):
         raise TicketsError(
             "async_lookup() takes an AsyncSession; for a Session use lookup(session, value)"
         )
