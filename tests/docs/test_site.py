@@ -4,6 +4,7 @@ in the nav, or an API reference that no longer resolves fails the test suite."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,3 +25,13 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     assert (site / "reference" / "index.html").is_file()
     # Plots come from benchmarks/results through the hook.
     assert (site / "results" / "bench_index_size.png").is_file()
+
+
+def test_readme_links_lead_somewhere() -> None:
+    """README.md is not part of the site, so mkdocs does not check its links: this does."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    local = [t.split("#")[0] for t in targets if "://" not in t and not t.startswith("#")]
+    assert local, "the README links into the docs"
+    missing = [t for t in local if not (ROOT / t).exists()]
+    assert not missing, f"README.md links to missing files: {missing}"
