@@ -43,10 +43,9 @@ def raw_driver(server: TicketServer, sequence: str, ids: int) -> tuple[Any, Any]
             step=step, max=table.max_id - step, increment=info.increment, offset=info.offset
         ),
     )
-    cargs, cparams = dialect.create_connect_args(engine.url)
-    cparams.update(backend.engine_options(engine.url, server.timeout).get("connect_args", {}))
-    conn = dialect.loaded_dbapi.connect(*cargs, **cparams)
-    dialect.set_isolation_level(conn, "AUTOCOMMIT")  # what the server's engine does
+    pooled = engine.raw_connection()  # made exactly as the server makes its own, in autocommit
+    pooled.detach()  # and no longer the pool's
+    conn = pooled.dbapi_connection
     mysql = dialect.name == "mysql"  # LAST_INSERT_ID(id + step): the id is the lastrowid
 
     def call(cursor: Any) -> Any:

@@ -35,20 +35,15 @@ def layers(server: TicketServer, cursor: Any, call: Any) -> dict[str, Any]:
     """One call of each layer; each does what the one before does, plus one thing. The two
     middle layers reach into the library's internals: when these move, this is what to update."""
     from sqlalchemy_tickets._naming import ticket_table
-    from sqlalchemy_tickets._watchdog import watchdog
-    from sqlalchemy_tickets.dialects import backend_for
 
-    fd_of = backend_for(server.engine.dialect.name).socket_fd
     table, info = ticket_table(SEQ), server.describe(SEQ)
 
     def with_watchdog() -> Any:
-        fd = fd_of(cursor.connection)  # the DBAPI connection
-        token = watchdog.arm(fd, server.timeout) if fd is not None else None
+        token = server.own.arm(cursor.connection)  # the DBAPI connection
         try:
             return call(cursor)
         finally:
-            if token is not None:
-                watchdog.disarm(token)
+            server.own.disarm(token)
 
     return {
         "raw": lambda: call(cursor),

@@ -11,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 from .app_types import UUID7, ObjectId, PrefixedId, SnowflakeId
 from .errors import (
     CommitOutcomeUnknownError,
+    DatabaseUnavailable,
     ExhaustedError,
     StrideMismatchError,
     TicketsError,
@@ -32,6 +33,7 @@ __all__ = [
     "UUID7",
     "CachedSource",
     "CommitOutcomeUnknownError",
+    "DatabaseUnavailable",
     "ExhaustedError",
     "ObjectId",
     "PrefixedId",

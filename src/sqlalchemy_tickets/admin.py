@@ -1,7 +1,8 @@
 """Operating ticket servers: what they hold, cut-over from auto-increment, re-striding.
 
-Everything here runs on a :class:`TicketServer`'s own autocommit engine, one atomic statement
-per change, so clients may keep drawing ids while it runs.
+Everything here runs on a :class:`TicketServer`'s own autocommit connections, through its bounded
+round trip (``server.own.connect()``), one atomic statement per change, so clients may keep
+drawing ids while it runs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine
 
 from ._naming import TicketTable, max_id, normalize_sequence, ticket_table
+from .dialects._connect import OwnEngine
 from .dialects.base import TableInfo, TableSpec, last_id_below
 from .errors import TicketsError, UnknownSequenceError
 from .sources.server import PAUSED_OFFSET, TicketServer
@@ -46,9 +48,10 @@ def sequences(server: TicketServer) -> list[TicketTable]:
     pattern = re.compile(re.escape(prefix) + r"([a-z][a-z0-9_]*)" + re.escape(suffix) + r"\Z")
     found: list[TicketTable] = []
     try:
-        names = sa.inspect(server.engine).get_table_names()
+        with server.own.connect() as conn:
+            names = sa.inspect(conn).get_table_names()
     except sa.exc.DBAPIError as error:
-        raise server._unavailable(error) from error
+        raise server.own.unavailable(error) from error
     for name in sorted(names):
         if name in _FLICKR:
             found.append(ticket_table(None, _FLICKR[name]))
@@ -155,20 +158,22 @@ def _check_identifier(kind: str, name: str) -> str:
     return name
 
 
-def table_max(bind: str | URL | Engine, table: str, column: str = "id") -> int:
-    """``max(column)`` of an application table (0 when it is empty)."""
+def table_max(
+    bind: str | URL | Engine, table: str, column: str = "id", *, timeout: float = 30.0
+) -> int:
+    """``max(column)`` of an application table (0 when it is empty), read on a connection
+    made the way ``bind`` makes them, within ``timeout`` seconds."""
     _check_identifier("table", table)
     _check_identifier("column", column)
-    engine = sa.create_engine(bind) if not isinstance(bind, Engine) else bind
+    own = OwnEngine(bind, timeout=timeout, pool_size=1, what="application database")
     try:
         target = sa.table(table, sa.column(column))
-        with engine.connect() as conn:
+        with own.connect() as conn:
             value = conn.scalar(sa.select(sa.func.max(target.c[column])))
     except sa.exc.DBAPIError as error:
         raise TicketsError(f"cannot read max({column}) of {table}: {_first(error)}") from error
     finally:
-        if not isinstance(bind, Engine):
-            engine.dispose()
+        own.dispose()
     return int(value or 0)
 
 
@@ -184,9 +189,9 @@ def sync_sequence(
     info = server.describe(sequence, bits=bits)  # raises UnknownSequenceError if absent
     if info is None or info.last_id is None:
         server.next_id(sequence, bits=bits)  # Flickr's table without its row: make it
-    backend = server._backend
+    backend = server.backend
     t = backend.table(TableSpec(table))
-    with server.engine.connect() as conn:
+    with server.own.connect() as conn:
         conn.execute(backend.raise_floor_statement(t, sa.literal(floor, sa.BigInteger)))
     after = server.describe(sequence, bits=bits)
     assert after is not None
@@ -253,13 +258,13 @@ def _set_stride(
     increment: int | None = None,
     last_id: int | None = None,
 ) -> None:
-    t = server._backend.table(TableSpec(table))
+    t = server.backend.table(TableSpec(table))
     values: dict[str, Any] = {"offset": offset}
     if increment is not None:
         values["increment"] = increment
     if last_id is not None:
         values["id"] = last_id
-    with server.engine.connect() as conn:
+    with server.own.connect() as conn:
         conn.execute(sa.update(t).where(t.c.stub == "a").values(**values))
 
 

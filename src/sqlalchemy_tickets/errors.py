@@ -5,6 +5,7 @@ from __future__ import annotations
 
 __all__ = [
     "CommitOutcomeUnknownError",
+    "DatabaseUnavailable",
     "ExhaustedError",
     "StrideMismatchError",
     "TicketServerUnavailable",
@@ -39,7 +40,12 @@ class UnknownSequenceError(TicketsError):
     """The ticket table of a sequence does not exist and the source may not create it."""
 
 
-class TicketServerUnavailable(TicketsError):
+class DatabaseUnavailable(TicketsError):
+    """A database the library reaches on connections of its own (a ticket server, a worker
+    lease database) refused, dropped or did not answer within its timeout."""
+
+
+class TicketServerUnavailable(DatabaseUnavailable):
     """A ticket server refused, dropped or did not answer within its timeout."""
 
 

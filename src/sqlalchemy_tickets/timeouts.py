@@ -34,8 +34,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
-from ._watchdog import watchdog
 from .dialects import backend_for
+from .dialects._connect import watchdog
 from .dialects.base import TicketBackend
 from .errors import TicketsError
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -110,6 +110,26 @@ class RawStatement:
 
 
 @dataclass(frozen=True)
+class ConnectParams:
+    """DBAPI connect keyword arguments the library adds to its own connections.
+
+    ``defaults`` apply where neither the URL, ``connect_args`` nor a ``do_connect`` hook set the
+    key (the application's choice wins: ``prepare_threshold``, ``application_name``);
+    ``forced`` always apply (the timeouts that make a hung server an error).
+    """
+
+    defaults: dict[str, Any] = field(default_factory=dict)
+    forced: dict[str, Any] = field(default_factory=dict)
+
+    def apply_defaults(self, cparams: dict[str, Any]) -> None:
+        for key, value in self.defaults.items():
+            cparams.setdefault(key, value)
+
+    def apply_forced(self, cparams: dict[str, Any]) -> None:
+        cparams.update(self.forced)
+
+
+@dataclass(frozen=True)
 class TableInfo:
     """The stride of a ticket table and the last id it issued (``None``: nothing issued yet)."""
 
@@ -144,25 +164,30 @@ class TicketBackend:
     #: Flickr tables can only carry a stride other than 1/1 where the server supplies it.
     flickr_stride_from_server: ClassVar[bool] = False
 
-    # -- engines -------------------------------------------------------------------------
+    # -- the library's own connections (dialects/_connect.py runs them) -------------------
 
-    def engine_options(self, url: URL, timeout: float) -> dict[str, Any]:
-        """``create_engine`` keyword arguments for a ticket engine on ``url``."""
+    #: The synchronous driver the library's own engines use when the application's is async.
+    sync_drivername: ClassVar[str] = ""
+
+    def own_connect_params(self, driver: str, timeout: float) -> ConnectParams:
+        """What the library adds to the DBAPI connect arguments of its own connections on
+        ``driver``: defaults (the application's settings win) and forced settings (the
+        timeouts). Nothing may rely on session state: PgBouncer hands each transaction to
+        whichever server connection is free."""
+        return ConnectParams()
+
+    def own_engine_options(self, url: URL) -> dict[str, Any]:
+        """``create_engine`` options for the library's own engine on ``url``: pool class,
+        dialect options (without ``poolclass``: a ``QueuePool`` sized by the caller)."""
         return {}
 
-    #: The synchronous driver ticket engines use when the application's engine is async.
-    sync_drivername: ClassVar[str] = ""
+    def settle_own_connection(self, dbapi_connection: Any) -> None:
+        """Adjust a connection an application's own ``creator`` made, which the library's
+        connect arguments never reached (psycopg: no server-side prepared statements)."""
 
     def embedded_url(self, app_url: URL) -> URL:
         """Where the embedded default keeps the ticket tables of an application database."""
         return app_url
-
-    def ticket_url(self, app_engine: Any) -> URL:
-        """The embedded default's URL for an application engine, on a synchronous driver."""
-        url = self.embedded_url(app_engine.url)
-        if app_engine.dialect.is_async:
-            url = url.set(drivername=self.sync_drivername)
-        return url
 
     def connect_with_timeout(
         self, dialect: Dialect, cargs: Any, cparams: dict[str, Any], seconds: float

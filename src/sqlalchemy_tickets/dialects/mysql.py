@@ -16,11 +16,12 @@ from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
-from sqlalchemy.engine import URL, Dialect
+from sqlalchemy.engine import Dialect
 
 from .._naming import TicketTable
 from ..errors import StrideMismatchError
 from .base import (
+    ConnectParams,
     TableInfo,
     TableSpec,
     TicketBackend,
@@ -51,16 +52,12 @@ class MySQLBackend(TicketBackend):
             cparams.setdefault(key, seconds)
         return None
 
-    def engine_options(self, url: URL, timeout: float) -> dict[str, Any]:
-        if url.get_driver_name() != "pymysql":
-            return {}
-        return {
-            "connect_args": {
-                "connect_timeout": timeout,
-                "read_timeout": timeout,
-                "write_timeout": timeout,
-            }
-        }
+    def own_connect_params(self, driver: str, timeout: float) -> ConnectParams:
+        if driver != "pymysql":
+            return ConnectParams()
+        return ConnectParams(
+            forced={"connect_timeout": timeout, "read_timeout": timeout, "write_timeout": timeout}
+        )
 
     def socket_fd(self, dbapi_connection: Any) -> int | None:
         # SQLAlchemy's asyncio adapters hold the driver's connection as driver_connection.

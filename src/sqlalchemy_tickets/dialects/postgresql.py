@@ -1,11 +1,12 @@
 """PostgreSQL (psycopg 3): ``UPDATE … RETURNING`` on a one-row table, in autocommit.
 
 psycopg has no client-side read timeout, so a server that accepts and never answers is cut short
-by the source's watchdog, which shuts down the connection's socket (see ``socket_fd``).
+by the watchdog of ``_connect.py``, which shuts down the connection's socket (see ``socket_fd``).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from collections.abc import Awaitable, Callable
@@ -15,7 +16,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, Dialect
 
-from .base import ReturningBackend, register_backend, transport_fd
+from ._connect import bounded_call
+from .base import ConnectParams, ReturningBackend, register_backend, transport_fd
 
 _RETRYABLE_STATES = frozenset({"40001", "40P01", "57014", "57P01", "57P02", "57P03"})
 #: Where the errors of the supported drivers are defined (SQLAlchemy's asyncpg adapter defines
@@ -32,17 +34,34 @@ class PostgreSQLBackend(ReturningBackend):
     ) -> Any:
         if dialect.driver != "psycopg" or dialect.is_async:
             return super().connect_with_timeout(dialect, cargs, cparams, seconds)
-        from ._psycopg_timed import timed_connect
+        cparams.setdefault("connect_timeout", _connect_timeout(seconds))
+        cparams.setdefault("cursor_factory", _timed_classes()[1])
+        conn = _timed_classes()[0].connect(*cargs, **cparams)
+        conn.tickets_timeout = seconds
+        return conn
 
-        cparams.setdefault("connect_timeout", max(2, math.ceil(seconds)))
-        return timed_connect(cargs, cparams, seconds)
+    def own_connect_params(self, driver: str, timeout: float) -> ConnectParams:
+        defaults: dict[str, Any] = {"application_name": "sqlalchemy-tickets"}
+        if driver == "psycopg":
+            # psycopg prepares a statement server-side after 5 executions; behind PgBouncer
+            # in transaction or statement pooling the next execution may reach another server
+            # connection ("prepared statement "_pg3_0" does not exist").
+            defaults["prepare_threshold"] = None
+        forced: dict[str, Any] = {}
+        if driver in ("psycopg", "psycopg2"):
+            forced["connect_timeout"] = _connect_timeout(timeout)
+        return ConnectParams(defaults, forced)
 
-    def engine_options(self, url: URL, timeout: float) -> dict[str, Any]:
-        connect_args: dict[str, Any] = {"application_name": "sqlalchemy-tickets"}
+    def own_engine_options(self, url: URL) -> dict[str, Any]:
         if url.get_driver_name() in ("psycopg", "psycopg2"):
-            # libpq counts whole seconds and treats anything under 2 as 2.
-            connect_args["connect_timeout"] = max(2, math.ceil(timeout))
-        return {"connect_args": connect_args}
+            # The dialect looks HSTORE up on first connect, inside a transaction block, which
+            # PgBouncer refuses in statement pooling; ticket tables have no HSTORE.
+            return {"use_native_hstore": False}
+        return {}
+
+    def settle_own_connection(self, dbapi_connection: Any) -> None:
+        if hasattr(dbapi_connection, "prepare_threshold"):
+            dbapi_connection.prepare_threshold = None
 
     def socket_fd(self, dbapi_connection: Any) -> int | None:
         # SQLAlchemy's asyncio adapters hold the driver's connection as driver_connection.
@@ -59,8 +78,7 @@ class PostgreSQLBackend(ReturningBackend):
         if dialect.driver == "psycopg":
             import psycopg
 
-            # libpq counts whole seconds and treats anything under 2 as 2.
-            cparams.setdefault("connect_timeout", max(2, math.ceil(seconds)))
+            cparams.setdefault("connect_timeout", _connect_timeout(seconds))
             return psycopg.AsyncConnection.connect
         if dialect.driver == "asyncpg":
             asyncpg = importlib.import_module("asyncpg")  # untyped: no stubs to check against
@@ -85,3 +103,40 @@ class PostgreSQLBackend(ReturningBackend):
     def is_missing_table(self, error: BaseException) -> bool:
         code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
         return code == "42P01"
+
+
+def _connect_timeout(seconds: float) -> int:
+    # libpq counts whole seconds and treats anything under 2 as 2.
+    return max(2, math.ceil(seconds))
+
+
+@functools.cache
+def _timed_classes() -> tuple[Any, Any]:
+    """psycopg connection and cursor classes whose every call that waits for the server
+    (execute, executemany, commit, rollback) is bounded by the watchdog, for an application's
+    engine (``apply_timeouts``). Built on first use: psycopg is imported only then."""
+    import psycopg
+
+    class TimedCursor(psycopg.Cursor[Any]):
+        def execute(self, query: Any, params: Any = None, **kw: Any) -> Any:
+            conn: Any = self.connection
+            run = super().execute
+            return bounded_call(
+                conn.fileno(), conn.tickets_timeout, lambda: run(query, params, **kw)
+            )
+
+        def executemany(self, query: Any, params_seq: Any, **kw: Any) -> None:
+            conn: Any = self.connection
+            run = super().executemany
+            bounded_call(conn.fileno(), conn.tickets_timeout, lambda: run(query, params_seq, **kw))
+
+    class TimedConnection(psycopg.Connection[Any]):
+        tickets_timeout: float = 0.0
+
+        def commit(self) -> None:
+            bounded_call(self.fileno(), self.tickets_timeout, super().commit)
+
+        def rollback(self) -> None:
+            bounded_call(self.fileno(), self.tickets_timeout, super().rollback)
+
+    return TimedConnection, TimedCursor

@@ -16,7 +16,7 @@ from sqlalchemy.engine import URL, Dialect
 from sqlalchemy.pool import StaticPool
 
 from ..errors import TicketsError
-from .base import ReturningBackend, register_backend
+from .base import ConnectParams, ReturningBackend, register_backend
 
 EMBEDDED_SUFFIX = "-tickets"
 
@@ -41,16 +41,20 @@ class SQLiteBackend(ReturningBackend):
         cparams.setdefault("timeout", seconds)  # aiosqlite hands it to sqlite3.connect
         return None
 
-    def engine_options(self, url: URL, timeout: float) -> dict[str, Any]:
+    def own_connect_params(self, driver: str, timeout: float) -> ConnectParams:
+        # The busy timeout (a file has no network); the library's kept connections move
+        # between threads, one at a time.
+        return ConnectParams({"check_same_thread": False}, {"timeout": timeout})
+
+    def own_engine_options(self, url: URL) -> dict[str, Any]:
         if sqlite3.sqlite_version_info < (3, 35):
             raise TicketsError(
                 f"SQLite {sqlite3.sqlite_version} has no RETURNING; ticket tables need SQLite 3.35+"
             )
-        options: dict[str, Any] = {"connect_args": {"timeout": timeout, "check_same_thread": False}}
         if _is_memory(url):
             # One shared connection, or every checkout would see a different empty database.
-            options["poolclass"] = StaticPool
-        return options
+            return {"poolclass": StaticPool}
+        return {}
 
     def embedded_url(self, app_url: URL) -> URL:
         if _is_memory(app_url):

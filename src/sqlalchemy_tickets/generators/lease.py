@@ -50,12 +50,12 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.engine import URL, Engine
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
-from ..dialects import backend_for
+from ..dialects._connect import OwnEngine, to_url
 from ..errors import TicketsError
 
 __all__ = [
@@ -153,17 +153,21 @@ def drop_lease_table_statements(
 
 
 def create_lease_table(
-    bind: str | URL | Engine, *, name: str = DEFAULT_LEASE_TABLE, schema: str | None = None
+    bind: str | URL | Engine,
+    *,
+    name: str = DEFAULT_LEASE_TABLE,
+    schema: str | None = None,
+    timeout: float = 5.0,
 ) -> None:
-    """Create the lease table in a database if it is not there."""
-    engine = bind if isinstance(bind, Engine) else sa.create_engine(bind)
+    """Create the lease table in a database if it is not there (on connections made the way
+    ``bind`` makes them, bounded by ``timeout`` seconds)."""
+    own = OwnEngine(bind, timeout=timeout, pool_size=1, what="worker lease database")
     try:
-        with engine.begin() as conn:
+        with own.connect() as conn:
             for statement in lease_table_statements(name=name, schema=schema):
                 conn.execute(statement)
     finally:
-        if engine is not bind:
-            engine.dispose()
+        own.dispose()
 
 
 # -- leases --------------------------------------------------------------------------------------
@@ -196,15 +200,17 @@ class WorkerLease:
     """Worker ids of one namespace, leased from a table in a database.
 
     Args:
-        bind: the lease database (URL or ``Engine``; an ``Engine`` lends its URL, the lease runs
-            on its own small autocommit pool so it never joins a caller's transaction).
+        bind: the lease database (URL or ``Engine``; given an ``Engine``, the lease connects
+            the way it does, on a small autocommit pool of its own so it never joins a
+            caller's transaction).
         namespace: one id space; generators that must not share worker ids share a namespace
             (1-64 characters of ``A-Za-z0-9_.:-``).
         ttl: seconds a lease lives without renewal; a killed process's id is free after it.
         heartbeat: seconds between renewals (default ``ttl / 3``; must be below ``ttl``).
         table_name, schema: where the table is (created on first use unless
             ``create_table=False``).
-        timeout: seconds a connect or statement may take.
+        timeout: seconds a connect, or one unit of work (taking, renewing or releasing an id),
+            may take before it fails with :class:`~sqlalchemy_tickets.DatabaseUnavailable`.
     """
 
     def __init__(
@@ -230,16 +236,17 @@ class WorkerLease:
             raise TicketsError(
                 f"heartbeat must be a positive number of seconds below ttl ({ttl}), not {beat!r}"
             )
-        if not timeout > 0:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise TicketsError(f"timeout must be a positive number of seconds, not {timeout!r}")
-        self.url: URL = bind.url if isinstance(bind, Engine) else make_url(bind)
+        self._bind = bind
+        self.url: URL = bind.url if isinstance(bind, Engine) else to_url(bind)
         self.namespace = namespace
         self.ttl = float(ttl)
         self.heartbeat = float(beat)
         self.timeout = float(timeout)
         self.create_table = create_table
         self.table = lease_table(name=table_name, schema=schema)
-        self._engine: Engine | None = None
+        self._own: OwnEngine | None = None
         self._table_ready = False
         self._lock = threading.Lock()
 
@@ -254,36 +261,33 @@ class WorkerLease:
         return int(self.ttl * 1000)
 
     @property
-    def engine(self) -> Engine:
-        """The lease's own autocommit engine, made on first use."""
-        engine = self._engine
-        if engine is None:
+    def own(self) -> OwnEngine:
+        """The lease's own autocommit engine and bounded round trip, made on first use."""
+        own = self._own
+        if own is None:
             with self._lock:
-                engine = self._engine
-                if engine is None:
-                    backend = backend_for(self.url.get_backend_name())
-                    options = backend.engine_options(self.url, self.timeout)
-                    if "poolclass" not in options:
-                        options.update(pool_size=1, max_overflow=2)
-                    try:
-                        engine = sa.create_engine(
-                            self.url,
-                            isolation_level="AUTOCOMMIT",
-                            pool_reset_on_return=None,
-                            **options,
-                        )
-                    except (sa_exc.ArgumentError, ImportError) as error:
-                        raise TicketsError(
-                            f"cannot use {self.url.render_as_string()!r} for worker leases: {error}"
-                        ) from error
-                    self._engine = engine
-        return engine
+                own = self._own
+                if own is None:
+                    own = self._own = OwnEngine(
+                        self._bind,
+                        timeout=self.timeout,
+                        pool_size=1,
+                        max_overflow=2,
+                        what="worker lease database",
+                    )
+        return own
+
+    @property
+    def engine(self) -> Engine:
+        """The lease's own autocommit engine (its connections are not bounded in time: use
+        :attr:`own`'s ``connect()`` for that)."""
+        return self.own.engine
 
     def ensure_table(self) -> None:
         """Create the lease table if it is missing (once per process)."""
         if self._table_ready or not self.create_table:
             return
-        with self.engine.connect() as conn:
+        with self.own.connect() as conn:
             for statement in lease_table_statements(name=self.table.name, schema=self.table.schema):
                 try:
                     conn.execute(statement)
@@ -320,7 +324,7 @@ class WorkerLease:
         }
         try:
             for _attempt in range(50):
-                with self.engine.connect() as conn:
+                with self.own.connect() as conn:
                     free = list(
                         conn.execute(
                             sa.select(t.c.worker_id)
@@ -396,7 +400,7 @@ class WorkerLease:
         """
         t = self.table
         now = db_now_ms()
-        with self.engine.connect() as conn:
+        with self.own.connect() as conn:
             updated = conn.execute(
                 sa.update(t)
                 .where(self._mine(), t.c.worker_id == grant.worker_id, t.c.holder == grant.token)
@@ -408,7 +412,7 @@ class WorkerLease:
         """Give the id back at once, recording the last timestamp really issued."""
         t = self.table
         now = db_now_ms()
-        with self.engine.connect() as conn:
+        with self.own.connect() as conn:
             conn.execute(
                 sa.update(t)
                 .where(self._mine(), t.c.worker_id == grant.worker_id, t.c.holder == grant.token)
@@ -420,7 +424,7 @@ class WorkerLease:
         """Every worker id of this namespace, held or not (for status pages and tests)."""
         self.ensure_table()
         t = self.table
-        with self.engine.connect() as conn:
+        with self.own.connect() as conn:
             result = conn.execute(
                 sa.select(
                     t.c.worker_id,
@@ -436,16 +440,16 @@ class WorkerLease:
 
     def dispose(self) -> None:
         """Close the lease's connections."""
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            engine.dispose()
+        own, self._own = self._own, None
+        if own is not None:
+            own.dispose()
 
     def _after_fork_in_child(self) -> None:
         """The parent's pooled connections are not ours to use or close."""
         self._lock = threading.Lock()
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            engine.dispose(close=False)
+        own, self._own = self._own, None
+        if own is not None:
+            own.dispose(close=False)
 
 
 class Heartbeat:

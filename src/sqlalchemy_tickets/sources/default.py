@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 from sqlalchemy.engine import URL, Engine
 
-from ..dialects import backend_for
 from ..errors import TicketsError
 from .base import TicketSource
 from .cache import CachedSource
@@ -47,7 +46,9 @@ def embedded_source(app_engine: Engine) -> CachedSource:
     """The embedded default for an application engine: ticket tables beside its data.
 
     Tables live in the database the rows go to (SQLite: a sibling file), are created on first
-    use, and are reached on connections of their own, outside the caller's transaction. A cache
+    use, and are reached on connections of their own, outside the caller's transaction, made
+    the way ``app_engine`` makes its own (``connect_args``, ``creator``, ``do_connect`` hooks;
+    an async engine's connections are made from its URL, on the synchronous driver). A cache
     in front (``supply`` of 10 s, blocks of 16 to 10,000) keeps round trips off most inserts;
     a restart burns at most what it held. The :class:`TicketServer` is its ``.source``.
     """
@@ -56,9 +57,10 @@ def embedded_source(app_engine: Engine) -> CachedSource:
         with _lock:
             found = _embedded.get(app_engine)
             if found is None:
-                url = backend_for(app_engine.dialect.name).ticket_url(app_engine)
                 found = CachedSource(
-                    TicketServer(url, pool_size=2), supply=10.0, max_block=10_000
+                    TicketServer(app_engine, pool_size=2, embedded=True),
+                    supply=10.0,
+                    max_block=10_000,
                 )
                 _embedded[app_engine] = found
     return found

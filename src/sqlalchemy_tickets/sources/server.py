@@ -9,9 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.engine import URL, Engine
 
 from .. import _process
 from .._naming import (
@@ -22,8 +21,8 @@ from .._naming import (
     check_table_template,
     ticket_table,
 )
-from .._watchdog import watchdog
-from ..dialects import TicketBackend, backend_for
+from ..dialects import TicketBackend
+from ..dialects._connect import OwnEngine
 from ..dialects.base import TableInfo, TableSpec
 from ..errors import (
     ExhaustedError,
@@ -37,25 +36,13 @@ from .base import check_count
 logger = logging.getLogger("sqlalchemy_tickets")
 
 
-def _to_url(bind: str | URL | Engine) -> URL:
-    if isinstance(bind, Engine):
-        return bind.url
-    try:
-        return make_url(bind)
-    except (sa_exc.ArgumentError, ValueError, TypeError) as error:
-        raise TicketsError(
-            f"invalid database URL {bind!r}: expected e.g. "
-            "'postgresql+psycopg://user@host/db' or 'mysql+pymysql://user@host/db'"
-        ) from error
-
-
 _servers: weakref.WeakSet[TicketServer] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
     # A child must not share its parent's sockets; close=False leaves them to the parent.
     for server in list(_servers):
-        server.engine.dispose(close=False)
+        server.own.dispose(close=False)
         server._reset_state()
 
 
@@ -85,9 +72,11 @@ class TicketServer:
     """A ticket database, reached on connections of its own in autocommit.
 
     Args:
-        bind: the database, as a URL or an ``Engine``. An ``Engine`` lends its URL only: the
-            server opens its own pool in autocommit, so a ticket is never part of a caller's
-            transaction and is never issued twice, whatever the caller rolls back.
+        bind: the database, as a URL or an ``Engine``. Given an ``Engine``, the server connects
+            the way that engine does (its ``connect_args``, ``creator``, ``do_connect`` hooks
+            such as an auth-token hook), but on a pool of its own in autocommit, so a ticket is
+            never part of a caller's transaction and is never issued twice, whatever the caller
+            rolls back (see ``docs/connections.md`` for what is and is not inherited).
         timeout: seconds a connect or a round trip may take before the server counts as down.
         stride: ``(increment, offset)`` this server must have: checked against every table on
             first contact (:class:`StrideMismatchError` if they disagree, before any id is
@@ -98,6 +87,8 @@ class TicketServer:
         pool_size: connections kept open.
         storage_engine: MySQL/MariaDB storage engine of the tables it creates (``InnoDB`` or
             ``MyISAM``; Flickr's article shows both).
+        embedded: keep the tables where the embedded default keeps an application engine's
+            (SQLite: a sibling file); the ``Engine`` is then held weakly.
     """
 
     def __init__(
@@ -110,12 +101,19 @@ class TicketServer:
         table_template: str = DEFAULT_TABLE_TEMPLATE,
         pool_size: int = 5,
         storage_engine: str = "InnoDB",
+        embedded: bool = False,
     ) -> None:
-        if not timeout > 0:
-            raise TicketsError(f"timeout must be a positive number of seconds, not {timeout!r}")
-        url = _to_url(bind)
-        self.url = url
-        self.timeout = float(timeout)
+        #: The server's own engine and bounded round trip.
+        self.own = OwnEngine(
+            bind,
+            timeout=timeout,
+            pool_size=pool_size,
+            what="ticket server",
+            embedded=embedded,
+            unavailable=TicketServerUnavailable,
+        )
+        self.url: URL = self.own.url
+        self.timeout = self.own.timeout
         self.stride = stride
         self.create_missing = create_missing
         self.table_template = check_table_template(table_template)
@@ -124,21 +122,8 @@ class TicketServer:
         #: Where a table this server creates on first use starts: above what its peers issued
         #: (set by TicketServers), so a server added with an empty database cannot reissue ids.
         self.start_above: Callable[[TicketTable], int] | None = None
-        self._backend: TicketBackend = backend_for(url.get_backend_name())
-        options = self._backend.engine_options(url, self.timeout)
-        if "poolclass" not in options:
-            options.update(pool_size=pool_size, max_overflow=pool_size * 2)
-        try:
-            self.engine: Engine = sa.create_engine(
-                url,
-                isolation_level="AUTOCOMMIT",
-                # Autocommit connections hold no transaction: a rollback on return would only
-                # cost a round trip per id.
-                pool_reset_on_return=None,
-                **options,
-            )
-        except (sa_exc.ArgumentError, ImportError, sa_exc.NoSuchModuleError) as error:
-            raise TicketsError(f"cannot use {url.render_as_string()!r}: {error}") from error
+        self.backend: TicketBackend = self.own.backend
+        self.engine: Engine = self.own.engine
         self._reset_state()
         _servers.add(self)
 
@@ -205,16 +190,16 @@ class TicketServer:
         table = ticket_table(sequence, bits, self.table_template)
         spec = TableSpec(table, start, inc, off, self.storage_engine)
         try:
-            with self.engine.connect() as conn:
-                self._backend.check_create(conn, spec)
-                for statement in self._backend.create_statements(spec):
+            with self.own.connect() as conn:
+                self.backend.check_create(conn, spec)
+                for statement in self.backend.create_statements(spec):
                     try:
                         conn.execute(statement)
                     except sa_exc.IntegrityError:
                         # PostgreSQL: a concurrent CREATE TABLE IF NOT EXISTS of the same table.
                         logger.debug("%s created concurrently", table.name)
         except sa_exc.DBAPIError as error:
-            raise self._unavailable(error) from error
+            raise self.own.unavailable(error) from error
         logger.info("created ticket table %s on %s", table.name, self)
 
     def stats(self) -> dict[str, int]:
@@ -229,7 +214,7 @@ class TicketServer:
         for conn, cursor in idle:
             _close_quietly(cursor)
             conn.close()
-        self.engine.dispose()
+        self.own.dispose()
 
     def with_stride(self, increment: int, offset: int) -> TicketServer:
         """A server on the same database that must have this stride (for :class:`TicketServers`)."""
@@ -330,13 +315,13 @@ class TicketServer:
         known.info = info
 
     def _take(self, cursor: Any, table: TicketTable, count: int, info: TableInfo) -> int | None:
-        return self._backend.take_block(cursor, self.engine.dialect, table, count, info)
+        return self.backend.take_block(cursor, self.engine.dialect, table, count, info)
 
     def _describe(self, cursor: Any, table: TicketTable) -> TableInfo | None:
-        return self._backend.describe(cursor, self.engine.dialect, table)
+        return self.backend.describe(cursor, self.engine.dialect, table)
 
     def _start_row(self, cursor: Any, table: TicketTable) -> int:
-        start = getattr(self._backend, "start_flickr_row", None)
+        start = getattr(self.backend, "start_flickr_row", None)
         if start is None:
             raise UnknownSequenceError(
                 f"ticket table {table.name} on {self} has no row; recreate it with "
@@ -345,25 +330,25 @@ class TicketServer:
         return int(start(cursor, self.engine.dialect, table))
 
     def _round_trip(self, work: Any, table: TicketTable, *args: Any) -> Any:
-        """Run ``work(cursor, table, *args)`` on a kept connection, bounded by the watchdog."""
+        """Run ``work(cursor, table, *args)`` on a kept connection, bounded by the timeout."""
         with self._lock:
             self._round_trips += 1
             held = self._idle.pop() if self._idle else None
         if held is None:
+            conn = self.own.raw_connection()
             try:
-                conn = self.engine.raw_connection()
                 cursor = conn.cursor()
-            except (sa_exc.DBAPIError, self.engine.dialect.loaded_dbapi.Error) as error:
-                raise self._unavailable(error) from error
+            except self.engine.dialect.loaded_dbapi.Error as error:
+                conn.invalidate(error)
+                raise self.own.unavailable(error) from error
         else:
             conn, cursor = held
-        fd = self._backend.socket_fd(conn.dbapi_connection)
-        token = watchdog.arm(fd, self.timeout) if fd is not None else None
+        token = self.own.arm(conn.dbapi_connection)
         try:
             result = work(cursor, table, *args)
         except self.engine.dialect.loaded_dbapi.Error as error:
-            dbapi = self.engine.dialect.loaded_dbapi
-            if self._backend.is_missing_table(error):
+            in_time = self.own.disarm(token)
+            if in_time and self.backend.is_missing_table(error):
                 self._keep(conn, cursor)
                 raise UnknownSequenceError(
                     f"no ticket table {table.name} for sequence {table.label} on {self}; "
@@ -371,19 +356,22 @@ class TicketServer:
                     f"{table.sequence or ''}` or op.create_ticket_table()"
                 ) from error
             _close_quietly(cursor)
-            if isinstance(error, (dbapi.OperationalError, dbapi.InterfaceError)):
-                conn.invalidate(error)
-                raise self._unavailable(error) from error
             conn.invalidate(error)
+            dbapi = self.engine.dialect.loaded_dbapi
+            if not in_time or isinstance(error, (dbapi.OperationalError, dbapi.InterfaceError)):
+                raise self.own.unavailable(error, cut=not in_time) from error
             raise TicketsError(f"ticket server {self} rejected {table.label}: {error}") from error
         except BaseException:
+            self.own.disarm(token)
             _close_quietly(cursor)
             conn.invalidate()
             raise
-        finally:
-            if token is not None:
-                watchdog.disarm(token)
-        self._keep(conn, cursor)
+        if self.own.disarm(token):
+            self._keep(conn, cursor)
+        else:
+            # The answer came as the deadline passed: the socket is being cut, never reuse it.
+            _close_quietly(cursor)
+            conn.invalidate()
         return result
 
     def _keep(self, conn: Any, cursor: Any) -> None:
@@ -394,7 +382,3 @@ class TicketServer:
         _close_quietly(cursor)
         conn.close()
 
-    def _unavailable(self, error: BaseException) -> TicketServerUnavailable:
-        message = str(getattr(error, "orig", None) or error).strip().splitlines()
-        first = message[0] if message else type(error).__name__
-        return TicketServerUnavailable(f"ticket server {self} failed: {first}")

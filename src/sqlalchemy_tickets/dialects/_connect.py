@@ -1,0 +1,403 @@
+"""The library's own connections: one place that opens them, and one bounded round trip.
+
+Every database client of the library (ticket servers, the embedded default, worker leases, the
+admin and command-line paths) reaches its database through an :class:`OwnEngine`:
+
+* **Connected as the application connects.** Given the application's ``Engine``, new connections
+  come from that engine's own connection factory (``pool._invoke_creator``): its URL,
+  ``connect_args``, ``creator``, ``do_connect`` hooks (an IAM token, a rotated password, TLS
+  files) and whatever plugins put there. The library adds its own settings on a *copy* of the
+  connect arguments through one ``do_connect`` listener placed first on the application's
+  dialect, which does nothing at all for the application's own connections (see
+  :func:`_inherit_listener`).
+* **Apart from the application.** The connections live in a pool of their own, in autocommit:
+  never inside a caller's transaction, never starved by a caller holding every connection of
+  the application's pool. Pool size, ``echo``, isolation level, pool events (``connect``,
+  ``checkout``) and execution options are therefore *not* inherited.
+* **Fit for PgBouncer.** Nothing relies on session state between transactions; psycopg gets
+  ``prepare_threshold=None`` unless the application asked for server-side prepared statements
+  itself (per-backend settings: :meth:`TicketBackend.own_connect_params`).
+* **Bounded.** The driver's connect timeout covers the connect; every unit of work after it
+  (and the dialect's first-connect queries) is watched by :data:`watchdog`, which shuts the
+  socket down when the unit outlives the timeout: psycopg has no client-side read timeout, and
+  keepalives do not fire while something in between still acknowledges TCP.
+
+:func:`~sqlalchemy_tickets.apply_timeouts` (``timeouts.py``) gives an *application's* engine the
+same bound with the same :data:`watchdog` (and :func:`bounded_call` for psycopg's calls).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, Dialect, Engine, make_url
+
+from .. import _process
+from ..errors import DatabaseUnavailable, TicketsError
+from .base import ConnectParams, TicketBackend, backend_for
+
+__all__ = [
+    "ConnectParams",
+    "OwnEngine",
+    "Watchdog",
+    "bounded_call",
+    "watchdog",
+]
+
+logger = logging.getLogger("sqlalchemy_tickets")
+
+R = TypeVar("R")
+
+
+# -- the watchdog ----------------------------------------------------------------------------
+
+
+class Watchdog:
+    """Shuts down sockets whose round trip outlived its deadline.
+
+    Arming and disarming are two dict operations under a lock: the thread scans on its own tick
+    instead of being woken per call, which keeps the cost off the id-allocation path.
+    """
+
+    def __init__(self, tick: float = 0.05) -> None:
+        self._tick = tick
+        self._lock = threading.Lock()
+        self._armed: dict[int, tuple[float, int]] = {}
+        self._tokens = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, fd: int, timeout: float) -> int:
+        """Start watching ``fd``; returns the token that :meth:`disarm` takes."""
+        token = next(self._tokens)
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            self._armed[token] = (deadline, fd)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="sqlalchemy-tickets-watchdog", daemon=True
+                )
+                self._thread.start()
+        return token
+
+    def disarm(self, token: int) -> bool:
+        """Stop watching; ``False`` if the deadline had already passed and the socket was cut."""
+        with self._lock:
+            return self._armed.pop(token, None) is not None
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self._tick)
+            now = time.monotonic()
+            with self._lock:
+                expired = [(t, fd) for t, (deadline, fd) in self._armed.items() if deadline <= now]
+                for token, _ in expired:
+                    del self._armed[token]
+            for _, fd in expired:
+                _shutdown(fd)
+
+    def _after_fork_in_child(self) -> None:
+        # The watching thread did not survive the fork; the next arm() starts a new one.
+        self._lock = threading.Lock()
+        self._armed = {}
+        self._thread = None
+
+
+def _shutdown(fd: int) -> None:
+    try:
+        # A duplicate descriptor: shutdown() acts on the shared socket, and closing the
+        # duplicate leaves the driver's own descriptor for the driver to close.
+        sock = socket.socket(fileno=socket.dup(fd))
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+        logger.warning("database did not answer in time; connection cut (fd %d)", fd)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+#: The process's one watchdog.
+watchdog = Watchdog()
+
+_process.after_fork_in_child(watchdog._after_fork_in_child)
+
+
+def bounded_call(fd: int, seconds: float, call: Callable[[], R]) -> R:
+    """``call()``, with the socket ``fd`` shut down if it takes longer than ``seconds``."""
+    token = watchdog.arm(fd, seconds)
+    try:
+        return call()
+    finally:
+        watchdog.disarm(token)
+
+
+# -- inheriting the application's way of connecting ----------------------------------------
+
+
+class _Request:
+    """One connection the library is asking the application's engine for."""
+
+    __slots__ = ("params", "used")
+
+    def __init__(self, params: ConnectParams) -> None:
+        self.params = params
+        self.used = False
+
+
+_local = threading.local()
+_listen_lock = threading.Lock()
+
+
+def _inherit_listener(
+    dialect: Dialect, record: Any, cargs: list[Any], cparams: dict[str, Any]
+) -> Any:
+    """``do_connect``, first on the application's dialect: for the library's own connections
+    only, the application's hooks run on a copy of the arguments with the library's settings.
+
+    The application's own connections find no request and go on untouched (``None``). A copy,
+    because before SQLAlchemy 2.1 the arguments are the engine's own dict, shared by every
+    later connect. The hooks after this one run here, so hooks added later are honoured too.
+    """
+    request: _Request | None = getattr(_local, "request", None)
+    if request is None:
+        return None
+    _local.request = None  # a hook connecting somewhere else is the application's business
+    request.used = True
+    args, params = list(cargs), dict(cparams)
+    request.params.apply_defaults(params)
+    listeners = list(dialect.dispatch.do_connect)
+    mine = [i for i, fn in enumerate(listeners) if fn is _inherit_listener]
+    for fn in listeners[mine[0] + 1 :] if mine else []:
+        made = fn(dialect, record, args, params)
+        if made is not None:
+            return made
+    request.params.apply_forced(params)
+    return dialect.connect(*args, **params)
+
+
+def _listen_for_inheritance(app_engine: Engine) -> None:
+    with _listen_lock:
+        if not event.contains(app_engine, "do_connect", _inherit_listener):
+            event.listen(app_engine, "do_connect", _inherit_listener, insert=True)
+
+
+# -- the library's own engine ----------------------------------------------------------------
+
+
+def to_url(bind: str | URL) -> URL:
+    """A URL from a string, or :class:`TicketsError` saying what a URL looks like."""
+    try:
+        return make_url(bind)
+    except (sa_exc.ArgumentError, ValueError, TypeError) as error:
+        raise TicketsError(
+            f"invalid database URL {bind!r}: expected e.g. "
+            "'postgresql+psycopg://user@host/db' or 'mysql+pymysql://user@host/db'"
+        ) from error
+
+
+class OwnEngine:
+    """An autocommit engine of the library's own on one database, and its bounded round trip.
+
+    Args:
+        bind: a URL, or the application's ``Engine``, whose way of connecting is inherited
+            (see the module docstring for what is and is not).
+        timeout: seconds a connect, or a unit of work, may take.
+        pool_size: connections kept in the pool (``max_overflow``: twice as many more).
+        what: how messages name this database (``"ticket server"``, ``"worker lease
+            database"``).
+        embedded: the ticket tables of an application's engine, where the embedded default
+            keeps them (SQLite: a sibling file, reached from the URL alone).
+        unavailable: the error raised when the database refuses, drops or does not answer.
+
+    The application's ``Engine`` is held strongly unless ``embedded`` (the embedded default is
+    keyed weakly by that engine, and must not keep it alive).
+    """
+
+    def __init__(
+        self,
+        bind: str | URL | Engine,
+        *,
+        timeout: float,
+        pool_size: int = 5,
+        max_overflow: int | None = None,
+        what: str = "database",
+        embedded: bool = False,
+        unavailable: type[DatabaseUnavailable] = DatabaseUnavailable,
+    ) -> None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise TicketsError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        self.timeout = float(timeout)
+        self.what = what
+        self._unavailable = unavailable
+        app: Engine | None = bind if isinstance(bind, Engine) else None
+        url = app.url if app is not None else to_url(bind)  # type: ignore[arg-type]
+        self.backend: TicketBackend = backend_for(url.get_backend_name())
+        if app is not None:
+            if embedded:
+                url = self.backend.embedded_url(url)
+            if app.dialect.is_async:
+                url = url.set(drivername=self.backend.sync_drivername)
+        self.url: URL = url
+        #: Whether connections come from the application's engine (else from the URL alone).
+        self.inherits = app is not None and not app.dialect.is_async and url == app.url
+        self._app: Callable[[], Engine | None] | None = None
+        if self.inherits:
+            assert app is not None
+            _listen_for_inheritance(app)
+            self._app = weakref.ref(app) if embedded else (lambda app=app: app)
+        self._params = self.backend.own_connect_params(url.get_driver_name(), self.timeout)
+        options = self.backend.own_engine_options(url)
+        if "poolclass" not in options:
+            options.update(
+                pool_size=pool_size,
+                max_overflow=pool_size * 2 if max_overflow is None else max_overflow,
+            )
+        if self.inherits:
+            options["creator"] = self._inherited_connection
+        try:
+            self.engine: Engine = sa.create_engine(
+                url,
+                isolation_level="AUTOCOMMIT",
+                # Autocommit connections hold no transaction: a rollback on return would only
+                # cost a round trip per checkin.
+                pool_reset_on_return=None,
+                **options,
+            )
+        except (sa_exc.ArgumentError, ImportError, sa_exc.NoSuchModuleError) as error:
+            raise TicketsError(f"cannot use {url.render_as_string()!r}: {error}") from error
+        if not self.inherits:
+            event.listen(self.engine, "do_connect", self._from_url)
+        # First, so the dialect's own first-connect queries are bounded too.
+        event.listen(self.engine, "connect", self._arm_new, insert=True)
+
+    def __repr__(self) -> str:
+        return f"OwnEngine({self.url.render_as_string()!r}, inherits={self.inherits})"
+
+    # -- connecting ----------------------------------------------------------------------
+
+    def _from_url(
+        self, dialect: Dialect, record: Any, cargs: list[Any], cparams: dict[str, Any]
+    ) -> None:
+        self._params.apply_defaults(cparams)
+        self._params.apply_forced(cparams)
+
+    def _inherited_connection(self, record: Any) -> Any:
+        app = self._app() if self._app is not None else None
+        if app is None:
+            raise self._unavailable(
+                f"{self.what} {self.url.render_as_string()}: the application's engine it "
+                "connects through is gone"
+            )
+        request = _Request(self._params)
+        previous = getattr(_local, "request", None)
+        _local.request = request
+        try:
+            connection = app.pool._invoke_creator(record)
+        finally:
+            _local.request = previous
+        if not request.used:
+            # The application's engine has a creator of its own: its connection, as it made it.
+            self.backend.settle_own_connection(connection)
+        return connection
+
+    def _arm_new(self, dbapi_connection: Any, record: Any) -> None:
+        tokens: list[int] | None = getattr(_local, "connecting", {}).get(id(self))
+        if tokens is not None:
+            fd = self.backend.socket_fd(dbapi_connection)
+            if fd is not None:
+                tokens.append(watchdog.arm(fd, self.timeout))
+
+    @contextmanager
+    def _connecting(self) -> Iterator[None]:
+        """Bound the checkout of a new connection: the driver's connect timeout covers the
+        connect, the watchdog the dialect's first queries on it."""
+        pending: dict[int, list[int]] = getattr(_local, "connecting", None) or {}
+        _local.connecting = pending
+        tokens = pending[id(self)] = []
+        try:
+            yield
+        except (sa_exc.DBAPIError, self.engine.dialect.loaded_dbapi.Error, OSError) as error:
+            # raw_connection() raises the driver's own errors, connect() wraps them.
+            cut = not all([watchdog.disarm(t) for t in tokens])
+            tokens.clear()
+            raise self._error(error, cut, connecting=True) from error
+        finally:
+            for token in tokens:
+                watchdog.disarm(token)
+            del pending[id(self)]
+
+    def raw_connection(self) -> Any:
+        """A pooled DBAPI connection (``PoolProxiedConnection``), its connect bounded; bound
+        each use with :meth:`arm` / :meth:`disarm`."""
+        with self._connecting():
+            return self.engine.raw_connection()
+
+    def arm(self, dbapi_connection: Any) -> int | None:
+        """Start the clock on a unit of work on ``dbapi_connection`` (``None``: nothing to
+        watch, e.g. SQLite)."""
+        fd = self.backend.socket_fd(dbapi_connection)
+        return watchdog.arm(fd, self.timeout) if fd is not None else None
+
+    @staticmethod
+    def disarm(token: int | None) -> bool:
+        """Stop the clock; ``False`` if the unit overran and the connection was cut (discard
+        it, even if the unit's last answer arrived)."""
+        return token is None or watchdog.disarm(token)
+
+    @contextmanager
+    def connect(self) -> Iterator[sa.Connection]:
+        """An autocommit ``Connection`` for one bounded unit of work.
+
+        The whole unit (connect included) gets ``timeout`` seconds. A database that refuses,
+        drops or outlives the timeout raises the ``unavailable`` error; other database errors
+        (a constraint, a missing table) propagate as SQLAlchemy raised them.
+        """
+        with self._connecting():
+            conn = self.engine.connect()
+        token = self.arm(conn.connection.dbapi_connection)
+        try:
+            yield conn
+        except sa_exc.DBAPIError as error:
+            cut = not self.disarm(token)
+            token = None
+            if cut or error.connection_invalidated:
+                conn.invalidate()
+                raise self._error(error, cut) from error
+            raise
+        finally:
+            if not self.disarm(token):
+                conn.invalidate()  # it overran while finishing: never reuse a cut socket
+            conn.close()
+
+    def _error(
+        self, error: BaseException, cut: bool, *, connecting: bool = False
+    ) -> DatabaseUnavailable:
+        where = f"{self.what} {self.url.render_as_string()}"
+        if cut:
+            return self._unavailable(f"{where} did not answer within {self.timeout:g} s")
+        lines = str(getattr(error, "orig", None) or error).strip().splitlines()
+        first = lines[0] if lines else type(error).__name__
+        verb = "cannot connect" if connecting else "failed"
+        return self._unavailable(f"{where} {verb}: {first}")
+
+    def unavailable(self, error: BaseException, cut: bool = False) -> DatabaseUnavailable:
+        """The ``unavailable`` error for a failure of this database (``cut``: by the watchdog)."""
+        return self._error(error, cut)
+
+    def dispose(self, close: bool = True) -> None:
+        """Close the pool's connections (``close=False`` in a forked child: they are the
+        parent's)."""
+        self.engine.dispose(close=close)
