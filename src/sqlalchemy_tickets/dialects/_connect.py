@@ -390,7 +390,7 @@ class OwnEngine:
             return self._unavailable(f"{where} did not answer within {self.timeout:g} s")
         lines = str(getattr(error, "orig", None) or error).strip().splitlines()
         first = lines[0] if lines else type(error).__name__
-        verb = "cannot connect" if connecting else "failed"
+        verb = "failed to connect" if connecting else "failed"
         return self._unavailable(f"{where} {verb}: {first}")
 
     def unavailable(self, error: BaseException, cut: bool = False) -> DatabaseUnavailable:
