@@ -1,12 +1,14 @@
 """Alembic environment for one ticket server of a Flickr-style odd/even pair.
 
-The same project runs once per server; the database comes from ``-x url=...`` and the server's
-position from ``-x offset=1`` / ``-x offset=2`` (``-x increment=2`` is the default)::
+The same project runs once per server, with only that server's URL: the revision reads which
+server it is from the server's own ``auto_increment_increment``/``auto_increment_offset``
+(Flickr's my.cnf). ``-x offset=N`` / ``-x increment=N`` override them (and ``--sql``, with no
+server to ask, needs ``-x offset``)::
 
     alembic -c migrations_examples/mysql-flickr-two-servers/alembic.ini \
-        -x url=mysql+pymysql://root@tickets1/tickets -x offset=1 upgrade head
+        -x url=mysql+pymysql://root@tickets1/tickets upgrade head
     alembic -c migrations_examples/mysql-flickr-two-servers/alembic.ini \
-        -x url=mysql+pymysql://root@tickets2/tickets -x offset=2 upgrade head
+        -x url=mysql+pymysql://root@tickets2/tickets upgrade head
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def database_url() -> str:
         raise CommandError(
             "no database given: pass it with -x, e.g. "
             f"alembic -c {config.config_file_name} "
-            "-x url=mysql+pymysql://root@tickets1/tickets -x offset=1 upgrade head"
+            "-x url=mysql+pymysql://root@tickets1/tickets upgrade head"
         )
     return url
 

@@ -13,21 +13,13 @@ from alembic import context
 from alembic.util import CommandError
 
 import sqlalchemy_tickets.alembic  # noqa: F401  (registers op.create_ticket_table & autogenerate)
-from sqlalchemy_tickets import TicketId
+from sqlalchemy_tickets import TicketId, TicketServer
 from sqlalchemy_tickets.alembic import include_object
 
 config = context.config
 if config.config_file_name is not None:
     fileConfig(config.config_file_name, disable_existing_loggers=False)
 
-# The application's models (normally imported from the application: `from app.models import Base`).
-target_metadata = sa.MetaData()
-sa.Table(
-    "photos",
-    target_metadata,
-    sa.Column("id", TicketId("Photos"), primary_key=True),
-    sa.Column("title", sa.String(200), nullable=False),
-)
 
 
 def database_url() -> str:
@@ -38,6 +30,22 @@ def database_url() -> str:
             f"alembic -c {config.config_file_name} -x url=sqlite:///app.db upgrade head"
         )
     return url
+
+
+# The application's models (normally imported from the application: `from app.models import Base`).
+# This application keeps its ticket tables in its own file, made by its migrations, so its ids
+# come from a TicketServer on that file (an application would rather say so once, with
+# `configure("sqlite:///app.db")`). With the embedded default instead, the tickets would live in
+# a sibling file, app.db-tickets, made on first use, and autogenerate would propose no ticket
+# table: a migration creates only the ticket tables of the database it migrates.
+tickets = TicketServer(database_url(), create_missing=False)
+target_metadata = sa.MetaData()
+sa.Table(
+    "photos",
+    target_metadata,
+    sa.Column("id", TicketId("Photos", source=tickets), primary_key=True),
+    sa.Column("title", sa.String(200), nullable=False),
+)
 
 
 def run_migrations_offline() -> None:
@@ -68,7 +76,10 @@ def run_migrations_online() -> None:
         engine.dispose()
 
 
-if context.is_offline_mode():
-    run_migrations_offline()
-else:
-    run_migrations_online()
+try:
+    if context.is_offline_mode():
+        run_migrations_offline()
+    else:
+        run_migrations_online()
+finally:
+    tickets.dispose()

@@ -107,7 +107,8 @@ def sequence_status(
         rate = None
         if sample > 0 and last is not None and before is not None and before.last_id is not None:
             rate = max(0.0, (last - before.last_id) / sample)
-        used = {bits: max(0.0, (last or 0) / max_id(bits)) for bits in (32, 64)}
+        # A share, so within 0..1: a 64-bit sequence past 2**31 has used all of a 32-bit space.
+        used = {bits: min(1.0, max(0.0, (last or 0) / max_id(bits))) for bits in (32, 64)}
         label = table.sequence if table.sequence is not None else table.name
         warning = None
         relevant = [32] if table.bits == 32 else [32, 64] if table.sequence else [64]
@@ -158,23 +159,57 @@ def _check_identifier(kind: str, name: str) -> str:
     return name
 
 
+def check_identifier(kind: str, name: str) -> str:
+    """Refuse a table or column name that is not a plain SQL identifier (:class:`TicketsError`)."""
+    return _check_identifier(kind, name)
+
+
 def table_max(
     bind: str | URL | Engine, table: str, column: str = "id", *, timeout: float = 30.0
 ) -> int:
     """``max(column)`` of an application table (0 when it is empty), read on a connection
-    made the way ``bind`` makes them, within ``timeout`` seconds."""
+    made the way ``bind`` makes them, within ``timeout`` seconds.
+
+    The column must be an integer column (the key an auto-increment filled): anything else is a
+    :class:`TicketsError` naming its type, before its maximum is read.
+    """
     _check_identifier("table", table)
     _check_identifier("column", column)
     own = OwnEngine(bind, timeout=timeout, pool_size=1, what="application database")
     try:
-        target = sa.table(table, sa.column(column))
         with own.connect() as conn:
+            _check_integer_column(conn, table, column)
+            target = sa.table(table, sa.column(column))
             value = conn.scalar(sa.select(sa.func.max(target.c[column])))
+    except sa.exc.NoSuchTableError as error:
+        raise TicketsError(f"cannot read max({column}) of {table}: no table {table}") from error
     except sa.exc.DBAPIError as error:
         raise TicketsError(f"cannot read max({column}) of {table}: {_first(error)}") from error
     finally:
         own.dispose()
+    if value is not None and not isinstance(value, int):
+        raise TicketsError(
+            f"max({table}.{column}) is {value!r}, not an integer: sync needs an integer key"
+        )
     return int(value or 0)
+
+
+def _check_integer_column(conn: sa.Connection, table: str, column: str) -> None:
+    columns = {c["name"].lower(): c for c in sa.inspect(conn).get_columns(table)}
+    found = columns.get(column.lower())
+    if found is None:
+        raise TicketsError(
+            f"table {table} has no column {column} (columns: {', '.join(sorted(columns))})"
+        )
+    type_ = found["type"]
+    integral = isinstance(type_, sa.Integer) or (
+        isinstance(type_, sa.Numeric) and not isinstance(type_, sa.Float) and type_.scale == 0
+    )
+    if not integral:
+        raise TicketsError(
+            f"column {table}.{column} is {type_}, not an integer column: sync moves a sequence "
+            "above the largest integer key (the column an auto-increment filled)"
+        )
 
 
 def sync_sequence(

@@ -1,12 +1,22 @@
 """The ``sqlalchemy-tickets`` command: ``demo``, ``init``, ``next``, ``status``, ``sync``,
 ``restride``.
 
-Ticket servers come from ``--url`` (repeatable), else the ``TICKETS_URL`` environment variable
-(URLs separated by spaces or commas), else ``--config FILE`` / ``sqlalchemy-tickets.ini`` in the
-current directory (``[tickets]`` section, ``urls =`` one per line).
+Ticket servers come from ``--url`` (repeatable), else ``--config FILE``, else the
+``TICKETS_URL`` environment variable (URLs separated by spaces or commas), else
+``sqlalchemy-tickets.ini`` in the current directory (``[tickets]`` section, ``urls =`` one per
+line).
 
-Exit codes: 0 done; 1 the operation failed (one line on stderr, never a traceback); 2 bad
-arguments or no server given; 3 ``status`` found a sequence past 80 % of an id space.
+Every run has two phases. First the arguments are checked — URLs parsed and their backends
+known, sequence and identifier names, strides, counts, the config file — with nothing read or
+written; a bad argument exits 2. Then the command runs; a failure (a server that does not
+answer, an unknown sequence, a stride that disagrees) prints one line on stderr and exits 1.
+Never a traceback (``-v`` logs it).
+
+Exit codes: 0 done; 1 the operation failed; 2 bad arguments; 3 ``status`` found a sequence
+past 80 % of an id space.
+
+Subcommands are entries of :data:`COMMANDS`, each registered with :func:`command`: a name, a
+help line, a function adding its arguments, a ``check`` run in the first phase and a ``run``.
 """
 
 from __future__ import annotations
@@ -17,191 +27,499 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from . import __version__
-from ._naming import normalize_sequence
-from .admin import SequenceStatus, restride, sequence_status, sync_sequence, table_max
-from .errors import TicketsError
+from ._naming import check_stride, normalize_sequence
+from .admin import (
+    SequenceStatus,
+    check_identifier,
+    restride,
+    sequence_status,
+    sequences,
+    sync_sequence,
+    table_max,
+)
+from .dialects import backend_for
+from .errors import TicketsError, UnknownSequenceError
 from .generators.lease import create_lease_table
-from .sources.base import take
 from .sources.server import TicketServer
 from .sources.servers import TicketServers
 
+logger = logging.getLogger("sqlalchemy_tickets")
+
 DEMO_FILE = "tickets-demo.db"
+CONFIG_FILE = "sqlalchemy-tickets.ini"
+#: The most ids one ``next`` may draw: a larger ``--count`` is a bad argument (exit 2), so a
+#: typo cannot burn billions of ids. Draw more by running it again.
+MAX_COUNT = 1_000_000
+#: ``next`` asks for at most this many ids per round trip and prints each block as it arrives.
+BLOCK = 10_000
+
+
+class _Usage(Exception):
+    """A bad argument, found before anything was read or written: exit 2."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand.
+
+    Attributes:
+        name: what the user types.
+        help: one line for ``--help``.
+        arguments: adds the subcommand's arguments to its parser.
+        run: does the work; returns the exit code. Runs after ``check``.
+        check: validates the parsed arguments with no I/O at all; raises :class:`_Usage`.
+        servers: how the command reaches ticket servers: ``None`` (it does not), or the
+            keyword arguments of the :class:`TicketServer` objects built (with no I/O) from
+            ``--url``/``--config``/``TICKETS_URL`` into ``args.servers`` before ``run``.
+        existing: the command only reads or moves what exists: a database that does not exist
+            is a failure (exit 1), never created by looking.
+    """
+
+    name: str
+    help: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    check: Callable[[argparse.Namespace], None] | None = None
+    servers: dict[str, Any] | None = None
+    existing: bool = False
+
+
+#: The subcommands, in ``--help`` order.
+COMMANDS: dict[str, Command] = {}
+
+
+def command(
+    name: str,
+    help: str,
+    arguments: Callable[[argparse.ArgumentParser], None],
+    *,
+    check: Callable[[argparse.Namespace], None] | None = None,
+    servers: dict[str, Any] | None = None,
+    existing: bool = False,
+) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
+    """Register the decorated function as the ``run`` of subcommand ``name``."""
+
+    def register(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        if name in COMMANDS:
+            raise ValueError(f"subcommand {name!r} is registered twice")
+        COMMANDS[name] = Command(name, help, arguments, run, check, servers, existing)
+        return run
+
+    return register
+
+
+# -- the driver ---------------------------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    args = parser().parse_args(argv)  # exits 2 by itself on a malformed command line
+    level = logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    cmd = COMMANDS[args.command]
+    args.servers = []
     try:
-        return int(args.run(args))
-    except _Usage as error:
-        print(f"sqlalchemy-tickets: error: {error}", file=sys.stderr)
-        return 2
-    except (TicketsError, SQLAlchemyError, OSError) as error:
-        message = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
-        print(f"sqlalchemy-tickets: error: {message}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+        try:
+            if cmd.check is not None:
+                cmd.check(args)
+            if cmd.servers is not None:
+                args.servers = _build_servers(resolve_urls(args), cmd.servers)
+        except (_Usage, TicketsError) as error:
+            return _fail(error, 2)
+        if cmd.existing:
+            for server in args.servers:
+                _require_database(server.url)
+        return int(cmd.run(args))
     except BrokenPipeError:
         # The reader (e.g. `| head`) went away: nothing left to say, and nowhere to say it.
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's flush quiet
         return 0
+    except KeyboardInterrupt:
+        return 130
+    except _Usage as error:
+        return _fail(error, 2)
+    except Exception as error:  # noqa: BLE001 - the promise is one line, never a traceback
+        logger.debug("%s failed", cmd.name, exc_info=True)
+        return _fail(error, 1)
+    finally:
+        for server in args.servers:
+            server.dispose()
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def _fail(error: BaseException, code: int) -> int:
+    text = str(error).strip()
+    known = isinstance(error, (_Usage, TicketsError, SQLAlchemyError, OSError))
+    message = text.splitlines()[0] if text else ""
+    if not known or not message:
+        message = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    print(f"sqlalchemy-tickets: error: {message}", file=sys.stderr)
+    return code
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser, with a subparser per entry of :data:`COMMANDS`."""
+    top = argparse.ArgumentParser(
         prog="sqlalchemy-tickets",
         description="Globally unique, compact, time-ordered primary keys for SQLAlchemy.",
+        epilog="Exit codes: 0 done, 1 failed, 2 bad arguments, 3 status warns (id space 80%% "
+        "used).",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    demo = commands.add_parser("demo", help="show ticket ids at work on a SQLite file here")
-    demo.add_argument("--file", default=DEMO_FILE, help=f"database file (default {DEMO_FILE})")
-    demo.set_defaults(run=_demo)
-
-    init = commands.add_parser("init", help="create ticket tables")
-    _urls(init)
-    init.add_argument("sequences", nargs="*", metavar="SEQUENCE",
-                      help="sequence names (none: Flickr's Tickets64/Tickets32)")
-    init.add_argument("--bits", type=int, choices=(32, 64), default=64)
-    init.add_argument("--start", type=int, default=1, help="smallest first id (default 1)")
-    init.add_argument("--increment", type=int, default=1, help="stride: number of servers")
-    init.add_argument("--offset", type=int, default=1, help="this server's position, 1-based")
-    init.add_argument("--worker-leases", action="store_true",
-                      help="also create the table SnowflakeId leases worker ids from (alone: "
-                      "only that table)")
-    init.set_defaults(run=_init)
-
-    nxt = commands.add_parser("next", help="print ids, one per line")
-    _urls(nxt)
-    nxt.add_argument("sequence", nargs="?", default=None, metavar="SEQUENCE")
-    nxt.add_argument("--bits", type=int, choices=(32, 64), default=64)
-    nxt.add_argument("--count", type=_positive, default=1)
-    nxt.set_defaults(run=_next)
-
-    status = commands.add_parser("status", help="every sequence on every server")
-    _urls(status)
-    status.add_argument("--json", action="store_true", help="JSON for machines")
-    status.add_argument("--sample", type=float, default=0.0, metavar="SECONDS",
-                        help="measure the burn rate over this many seconds, and forecast")
-    status.set_defaults(run=_status)
-
-    sync = commands.add_parser(
-        "sync", help="move a sequence above max(id) of a table (cut-over from auto-increment)"
-    )
-    _urls(sync)
-    sync.add_argument("--from", dest="source_url", required=True, metavar="URL",
-                      help="the database holding the table")
-    sync.add_argument("--table", required=True)
-    sync.add_argument("--column", default="id")
-    sync.add_argument("--bits", type=int, choices=(32, 64), default=64)
-    sync.add_argument("sequence", nargs="?", default=None, metavar="SEQUENCE")
-    sync.set_defaults(run=_sync)
-
-    restride = commands.add_parser(
-        "restride", help="give N servers (the new, full list, in order) the strides 1..N of N"
-    )
-    _urls(restride)
-    restride.add_argument("sequences", nargs="*", metavar="SEQUENCE",
-                          help="sequences to restride (default: every named sequence)")
-    restride.set_defaults(run=_restride)
-    return parser
+    top.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    top.add_argument("-v", "--verbose", action="count", default=0,
+                     help="log more (-vv: debug, with the traceback of a failure)")
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for cmd in COMMANDS.values():
+        sub = commands.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        cmd.arguments(sub)
+    return top
 
 
-def _urls(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--url", action="append", dest="urls", metavar="URL",
-                         help="ticket database URL (repeat for several servers)")
-    command.add_argument("--config", metavar="FILE", help="INI file with [tickets] urls =")
+# -- argument types and shared checks -------------------------------------------------------------
 
 
-def _servers(args: argparse.Namespace, **options: Any) -> list[TicketServer]:
-    urls = _resolve_urls(args)
-    return [TicketServer(url, **options) for url in urls]
+def _url(text: str) -> URL:
+    """An argparse type: a database URL whose backend this library supports (no I/O)."""
+    try:
+        url = make_url(text)
+    except (ArgumentError, ValueError, TypeError):
+        raise argparse.ArgumentTypeError(
+            f"invalid database URL {text!r}: expected e.g. "
+            "'postgresql+psycopg://user@host/db', 'mysql+pymysql://user@host/db' or "
+            "'sqlite:///tickets.db'"
+        ) from None
+    try:
+        backend_for(url.get_backend_name())
+    except TicketsError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return url
 
 
-def _resolve_urls(args: argparse.Namespace) -> list[str]:
-    if args.urls:
-        return list(args.urls)
+def _int_between(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in ``low..high``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f"between {low:,} and {high:,}" if high is not None else f"at least {low:,}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, not {text}")
+        return value
+
+    parse.__name__ = "integer"  # what argparse names in "invalid integer value"
+    return parse
+
+
+def _sequence(text: str) -> str:
+    """An argparse type: a valid sequence name (kept as typed, for messages)."""
+    try:
+        normalize_sequence(text)
+    except TicketsError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _identifier(kind: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        try:
+            return check_identifier(kind, text)
+        except TicketsError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    parse.__name__ = f"{kind} name"
+    return parse
+
+
+def _server_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--url", action="append", dest="urls", type=_url, metavar="URL",
+                     help="ticket database URL (repeat for several servers, in position order)")
+    sub.add_argument("--config", metavar="FILE",
+                     help=f"INI file with a [tickets] section, urls = one per line (default: "
+                     f"$TICKETS_URL, else ./{CONFIG_FILE})")
+
+
+def resolve_urls(args: argparse.Namespace) -> list[URL]:
+    """The ticket servers' URLs: ``--url``, else ``--config``, else ``$TICKETS_URL``, else
+    ``./sqlalchemy-tickets.ini``. Raises :class:`_Usage` naming what is wrong (and the file)."""
+    urls: list[URL] | None = getattr(args, "urls", None)
+    config: str | None = getattr(args, "config", None)
+    if urls and config:
+        raise _Usage("give --url or --config, not both")
+    if urls:
+        return urls
+    if config:
+        return _urls_from_file(Path(config))
     env = os.environ.get("TICKETS_URL", "").replace(",", " ").split()
     if env:
-        return env
-    path = Path(args.config) if args.config else Path("sqlalchemy-tickets.ini")
-    if args.config and not path.exists():
-        raise _Usage(f"config file {path} does not exist")
-    if path.exists():
-        parser = configparser.ConfigParser()
-        parser.read(path)
-        urls = parser.get("tickets", "urls", fallback="").replace(",", " ").split()
-        if urls:
-            return urls
-    raise _Usage("no ticket server: give --url URL, set TICKETS_URL, or write a config file")
+        return [_checked_url(text, "in $TICKETS_URL") for text in env]
+    default = Path(CONFIG_FILE)
+    if default.exists():
+        return _urls_from_file(default)
+    raise _Usage(f"no ticket server: give --url URL, --config FILE, set TICKETS_URL, or write "
+                 f"./{CONFIG_FILE}")
 
 
-class _Usage(Exception):
-    """Bad arguments found after parsing: exit 2."""
+def _urls_from_file(path: Path) -> list[URL]:
+    if not path.is_file():
+        raise _Usage(f"config file {path}: no such file")
+    config = configparser.ConfigParser()
+    try:
+        with path.open(encoding="utf-8") as stream:
+            config.read_file(stream)
+    except (OSError, UnicodeDecodeError, configparser.Error) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise _Usage(f"config file {path}: cannot read it: {first}") from None
+    if not config.has_section("tickets"):
+        raise _Usage(f"config file {path} has no [tickets] section (expected [tickets] with "
+                     "urls = one URL per line)")
+    texts = config.get("tickets", "urls", fallback="").replace(",", " ").split()
+    if not texts:
+        raise _Usage(f"config file {path}: [tickets] has no urls = (one URL per line)")
+    return [_checked_url(text, f"in {path}") for text in texts]
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}")
-    return value
+def _checked_url(text: str, where: str) -> URL:
+    try:
+        return _url(text)
+    except argparse.ArgumentTypeError as error:
+        raise _Usage(f"{error} ({where})") from None
 
 
+def _build_servers(urls: Sequence[URL], options: dict[str, Any]) -> list[TicketServer]:
+    """One :class:`TicketServer` per URL. Building one opens no connection."""
+    built: list[TicketServer] = []
+    try:
+        for url in urls:
+            built.append(TicketServer(url, **options))
+    except TicketsError:
+        for server in built:
+            server.dispose()
+        raise
+    return built
+
+
+def _require_database(url: URL) -> None:
+    """Fail (exit 1) on a database that does not exist, rather than create it by connecting."""
+    problem = backend_for(url.get_backend_name()).missing_database(url)
+    if problem is not None:
+        raise TicketsError(f"{problem}: nothing to read there (create it with "
+                           "`sqlalchemy-tickets init --url ...`)")
+
+
+def _shown(url: URL) -> str:
+    return url.render_as_string(hide_password=True)
+
+
+# -- demo ---------------------------------------------------------------------------------------
+
+
+def _demo_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--file", default=DEMO_FILE, help=f"database file (default {DEMO_FILE})")
+
+
+@command("demo", "show ticket ids at work on a SQLite file here (no arguments needed)",
+         _demo_arguments)
+def _demo(args: argparse.Namespace) -> int:
+    from ._demo import run_demo  # the demo's models are only needed here
+
+    return run_demo(Path(args.file))
+
+
+# -- init ---------------------------------------------------------------------------------------
+
+
+def _init_arguments(sub: argparse.ArgumentParser) -> None:
+    _server_arguments(sub)
+    sub.add_argument("sequences", nargs="*", type=_sequence, metavar="SEQUENCE",
+                     help="sequence names (none: Flickr's Tickets64, --bits 32: Tickets32)")
+    sub.add_argument("--bits", type=int, choices=(32, 64), default=64)
+    sub.add_argument("--start", type=_int_between(1), default=1,
+                     help="smallest first id (default 1)")
+    sub.add_argument("--increment", type=_int_between(1, 65535), default=None,
+                     help="the stride (default: the number of --url, so 1 for one server)")
+    sub.add_argument("--offset", type=_int_between(1, 65535), action="append", default=None,
+                     help="a server's position, 1-based (default: its place among the --url); "
+                     "with several --url, once per --url")
+    sub.add_argument("--worker-leases", action="store_true",
+                     help="also create the table SnowflakeId leases worker ids from (alone: "
+                     "only that table)")
+
+
+def _init_check(args: argparse.Namespace) -> None:
+    urls = resolve_urls(args)
+    n = len(urls)
+    increment = args.increment if args.increment is not None else n
+    if increment < n:
+        raise _Usage(f"--increment {increment} is less than the number of servers ({n}): "
+                     "each server needs its own residue")
+    if args.offset is not None and len(args.offset) != n:
+        raise _Usage(f"--offset given {len(args.offset)} time(s) for {n} server(s): give it once "
+                     "per --url, or leave it out (server i then gets offset i)")
+    offsets = list(args.offset) if args.offset is not None else list(range(1, n + 1))
+    if len(set(offsets)) != len(offsets):
+        raise _Usage(f"--offset values {offsets} repeat: two servers would issue the same ids")
+    for offset in offsets:
+        try:
+            check_stride(args.start, increment, offset, args.bits)
+        except TicketsError as error:
+            raise _Usage(str(error).replace("increment must", "--increment must")
+                         .replace("offset must", "--offset must")) from None
+    args.strides = [(increment, offset) for offset in offsets]
+    # Asked for a stride (flags, or several servers): an existing table must already have it.
+    # Asked for nothing: an existing table is taken as it is.
+    args.stride_asked = n > 1 or args.increment is not None or args.offset is not None
+
+
+@command("init", "create ticket tables (with several --url: server i gets increment N, "
+         "offset i)", _init_arguments, check=_init_check, servers={})
 def _init(args: argparse.Namespace) -> int:
-    names: list[str | None] = args.sequences or ([] if args.worker_leases else [None])
-    for name in names:
-        normalize_sequence(name)  # every name is checked before any table is created
-    for server in _servers(args):
+    servers: list[TicketServer] = args.servers
+    names: list[str | None] = list(args.sequences) or ([] if args.worker_leases else [None])
+    if args.stride_asked:
+        _refuse_other_strides(servers, names, args.strides, args.bits)
+    for server, (increment, offset) in zip(servers, args.strides, strict=True):
         if args.worker_leases:
             create_lease_table(server.engine)
-            print("worker leases: ready")
-        try:
-            for name in names:
+            print(f"worker leases: ready on {_shown(server.url)}")
+        for name in names:
+            if args.stride_asked:
                 server.create(name, bits=args.bits, start=args.start,
-                              increment=args.increment, offset=args.offset)
-                table = server.describe(name, bits=args.bits)
-                label = name or f"Tickets{args.bits}"
-                increment = table.increment if table else args.increment
-                offset = table.offset if table else args.offset
-                print(f"{label}: ready (increment {increment}, offset {offset})")
-        finally:
-            server.dispose()
+                              increment=increment, offset=offset)
+            else:
+                server.create(name, bits=args.bits, start=args.start)
+            table = server.describe(name, bits=args.bits)
+            label = name or f"Tickets{args.bits}"
+            inc, off = (table.increment, table.offset) if table else (increment, offset)
+            print(f"{label}: ready (increment {inc}, offset {off}) on {_shown(server.url)}")
     return 0
 
 
+def _refuse_other_strides(
+    servers: Sequence[TicketServer],
+    names: Sequence[str | None],
+    strides: Sequence[tuple[int, int]],
+    bits: int,
+) -> None:
+    """Before anything is created: every existing table must have the stride asked for."""
+    wrong: list[str] = []
+    for server, (increment, offset) in zip(servers, strides, strict=True):
+        for name in names:
+            try:
+                info = server.describe(name, bits=bits)
+            except UnknownSequenceError:
+                continue  # to be created with the stride asked for
+            if info is None or (info.increment, info.offset) == (increment, offset):
+                continue
+            label = name or f"Tickets{bits}"
+            wrong.append(
+                f"{label} on {_shown(server.url)} has increment {info.increment}, offset "
+                f"{info.offset}, not increment {increment}, offset {offset} as asked"
+            )
+    if wrong:
+        more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+        flickr = None in names
+        how = (
+            "Flickr's tables have no stride of their own (on MySQL/MariaDB they take the "
+            "server's auto_increment_increment/offset): use named sequences for a pair"
+            if flickr and len(names) == 1
+            else "to change the stride of servers in use, run `sqlalchemy-tickets restride "
+            "--url ... --url ...` with the new list of servers"
+        )
+        raise TicketsError(f"{wrong[0]}{more}; nothing changed: {how}")
+
+
+# -- next ---------------------------------------------------------------------------------------
+
+
+def _next_arguments(sub: argparse.ArgumentParser) -> None:
+    _server_arguments(sub)
+    sub.add_argument("sequence", nargs="?", type=_sequence, default=None, metavar="SEQUENCE",
+                     help="the sequence (none: Flickr's Tickets64, --bits 32: Tickets32)")
+    sub.add_argument("--bits", type=int, choices=(32, 64), default=64)
+    sub.add_argument("--count", type=_int_between(1, MAX_COUNT), default=1,
+                     help=f"how many ids, 1 to {MAX_COUNT:,} (default 1)")
+
+
+@command("next", "print ids, one per line, as they arrive", _next_arguments,
+         servers={"create_missing": False}, existing=True)
 def _next(args: argparse.Namespace) -> int:
-    servers = _servers(args, create_missing=False)
-    source: Any = servers[0] if len(servers) == 1 else TicketServers(servers)
-    try:
-        ids = take(source, args.sequence, args.count, args.bits)
-    finally:
-        for server in servers:
-            server.dispose()
-    sys.stdout.write("".join(f"{i}\n" for i in ids))
+    servers: list[TicketServer] = args.servers
+    source: TicketServer | TicketServers = (
+        servers[0] if len(servers) == 1 else TicketServers(servers)
+    )
+    out = sys.stdout
+    for block in _blocks(source, args.sequence, args.count, args.bits):
+        out.write("".join(f"{i}\n" for i in block))
+        out.flush()
     return 0
 
 
+def _blocks(
+    source: TicketServer | TicketServers, sequence: str | None, count: int, bits: int
+) -> Iterable[range]:
+    """``count`` ids of ``sequence`` in blocks of at most :data:`BLOCK`, each drawn when the
+    previous one has been printed: ids are never all held at once."""
+    left = count
+    while left > 0:
+        block = source.next_block(sequence, min(left, BLOCK), bits=bits)
+        if len(block) == 0:
+            raise TicketsError(f"{source!r} returned an empty block for {sequence!r}")
+        yield block[:left]
+        left -= len(block[:left])
+
+
+# -- status -------------------------------------------------------------------------------------
+
+
+def _status_arguments(sub: argparse.ArgumentParser) -> None:
+    _server_arguments(sub)
+    sub.add_argument("--json", action="store_true", help="JSON for machines")
+    sub.add_argument("--sample", type=_float_between(0.0, 3600.0), default=0.0,
+                     metavar="SECONDS",
+                     help="measure the burn rate over this many seconds (at most 3600), and "
+                     "forecast when each id space runs out")
+
+
+def _float_between(low: float, high: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g}, not {text}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+@command("status", "every sequence on every server: last id, share of its id space used",
+         _status_arguments, servers={"create_missing": False}, existing=True)
 def _status(args: argparse.Namespace) -> int:
-    servers = _servers(args, create_missing=False)
-    try:
-        rows = sequence_status(servers, sample=args.sample)
-    finally:
-        for server in servers:
-            server.dispose()
+    servers: list[TicketServer] = args.servers
+    empty = [server for server in servers if not sequences(server)]
+    if len(empty) == len(servers):
+        where = ", ".join(_shown(server.url) for server in servers)
+        raise TicketsError(f"no ticket tables on {where}: create them with "
+                           "`sqlalchemy-tickets init --url URL [SEQUENCE ...]`")
+    rows = sequence_status(servers, sample=args.sample)
     if args.json:
         print(json.dumps([row.as_dict() for row in rows], indent=2))
     else:
         print(_table(rows, sampled=args.sample > 0))
+    for server in empty:
+        print(f"note: no ticket tables on {_shown(server.url)}", file=sys.stderr)
     warned = [row for row in rows if row.warning]
     for row in warned:
         print(f"warning: {row.sequence} on {row.server}: {row.warning}", file=sys.stderr)
@@ -238,35 +556,52 @@ def _table(rows: Sequence[SequenceStatus], *, sampled: bool) -> str:
     return "\n".join(r.rstrip() for r in rendered)
 
 
+# -- sync ---------------------------------------------------------------------------------------
+
+
+def _sync_arguments(sub: argparse.ArgumentParser) -> None:
+    _server_arguments(sub)
+    sub.add_argument("--from", dest="source_url", required=True, type=_url, metavar="URL",
+                     help="the database holding the application table")
+    sub.add_argument("--table", required=True, type=_identifier("table"))
+    sub.add_argument("--column", default="id", type=_identifier("column"),
+                     help="its integer key (default id)")
+    sub.add_argument("--bits", type=int, choices=(32, 64), default=64)
+    which = sub.add_mutually_exclusive_group(required=True)
+    which.add_argument("sequence", nargs="?", type=_sequence, default=None, metavar="SEQUENCE",
+                       help="the sequence to move (required, or --flickr)")
+    which.add_argument("--flickr", action="store_true",
+                       help="move Flickr's Tickets64 (--bits 32: Tickets32) instead")
+
+
+@command("sync", "move a sequence above max(id) of a table (cut-over from auto-increment)",
+         _sync_arguments, servers={"create_missing": False}, existing=True)
 def _sync(args: argparse.Namespace) -> int:
-    normalize_sequence(args.sequence)
-    servers = _servers(args, create_missing=False)
-    try:
-        floor = table_max(args.source_url, args.table, args.column)
-        for server in servers:
-            info = sync_sequence(server, args.sequence, floor, bits=args.bits)
-            print(f"{args.sequence or 'Tickets' + str(args.bits)} on {server.url}: "
-                  f"max({args.table}.{args.column}) = {floor}; next id above it "
-                  f"(last id now {info.last_id})")
-    finally:
-        for server in servers:
-            server.dispose()
+    _require_database(args.source_url)
+    servers: list[TicketServer] = args.servers
+    label = args.sequence or f"Tickets{args.bits}"
+    floor = table_max(args.source_url, args.table, args.column)
+    for server in servers:
+        info = sync_sequence(server, args.sequence, floor, bits=args.bits)
+        print(f"{label} on {_shown(server.url)}: max({args.table}.{args.column}) = {floor}; "
+              f"every new id is above it (last id now {info.last_id})")
     return 0
 
 
+# -- restride -----------------------------------------------------------------------------------
+
+
+def _restride_arguments(sub: argparse.ArgumentParser) -> None:
+    _server_arguments(sub)
+    sub.add_argument("sequences", nargs="*", type=_sequence, metavar="SEQUENCE",
+                     help="sequences to restride (default: every named sequence)")
+
+
+@command("restride", "give N servers (the new, full list, in order) the strides 1..N of N",
+         _restride_arguments, servers={})
 def _restride(args: argparse.Namespace) -> int:
-    servers = _servers(args)
-    try:
-        highest = restride(servers, args.sequences or None)
-    finally:
-        for server in servers:
-            server.dispose()
+    servers: list[TicketServer] = args.servers
+    highest = restride(servers, args.sequences or None)
     print(f"restrided {len(servers)} server(s): increment {len(servers)}, offsets "
           f"1..{len(servers)}, every new id above {highest}")
     return 0
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from ._demo import run_demo
-
-    return run_demo(Path(args.file))

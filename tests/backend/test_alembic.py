@@ -365,24 +365,36 @@ def test_flickr_stride_the_server_cannot_supply(url: str) -> None:
 # -- autogenerate --------------------------------------------------------------------------------
 
 
-def app_metadata() -> sa.MetaData:
+def app_metadata(source: Any = None) -> sa.MetaData:
+    """Models whose ids come from ``source`` (default: the embedded default)."""
     metadata = sa.MetaData()
     sa.Table(
         "photos",
         metadata,
-        sa.Column("id", TicketId("Photos"), primary_key=True),
+        sa.Column("id", TicketId("Photos", source=source), primary_key=True),
         sa.Column("title", sa.String(200), nullable=False),
     )
     sa.Table(
         "tags",
         metadata,
-        sa.Column("id", TicketId("tags", bits=32), primary_key=True),
+        sa.Column("id", TicketId("tags", bits=32, source=source), primary_key=True),
         # A foreign key to a ticket id draws nothing: no ticket table for it.
         sa.Column("owner_id", TicketId("owners"), sa.ForeignKey("photos.id")),
     )
-    sa.Table("legacy", metadata, sa.Column("id", TicketId(), primary_key=True))
-    sa.Table("notes", metadata, sa.Column("id", TicketId("Photos"), primary_key=True))
+    sa.Table("legacy", metadata, sa.Column("id", TicketId(source=source), primary_key=True))
+    sa.Table("notes", metadata, sa.Column("id", TicketId("Photos", source=source),
+                                          primary_key=True))
     return metadata
+
+
+def migrated_metadata(url: str) -> tuple[sa.MetaData, TicketServer | None]:
+    """Models whose ids come from the database ``url`` itself: the embedded default, except on
+    a SQLite file (whose embedded tickets live in a sibling file), where a TicketServer on the
+    file is the source."""
+    if url.startswith("sqlite"):
+        server = TicketServer(url, create_missing=False)
+        return app_metadata(server), server
+    return app_metadata(), None
 
 
 def _autogenerate(url: str, metadata: sa.MetaData, **opts: Any) -> tuple[ops.MigrationScript, Any]:
@@ -408,7 +420,10 @@ def _ticket_ops(container: ops.OpContainer) -> list[ops.MigrateOperation]:
 
 
 def test_autogenerate_proposes_missing_ticket_tables(url: str) -> None:
-    script, diffs = _autogenerate(url, app_metadata())
+    metadata, server = migrated_metadata(url)
+    script, diffs = _autogenerate(url, metadata)
+    if server is not None:
+        server.dispose()
     assert script.upgrade_ops is not None and script.downgrade_ops is not None
     created = [op for op in script.upgrade_ops.ops if isinstance(op, CreateTicketTableOp)]
     assert sorted((op.table_name, op.bits) for op in created) == [
@@ -431,7 +446,9 @@ def test_autogenerate_proposes_missing_ticket_tables(url: str) -> None:
 
 
 def test_autogenerate_is_quiet_once_the_tables_exist(url: str) -> None:
-    metadata = app_metadata()
+    metadata, source = migrated_metadata(url)
+    if source is not None:
+        source.dispose()
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     try:
         metadata.create_all(engine)
@@ -495,3 +512,208 @@ def test_revision_autogenerate_end_to_end(
     alembic(project, "revision", "--autogenerate", "-m", "nothing", url=url)
     (second,) = [p for p in (project / "versions").glob("*.py") if p != script]
     assert "op." not in second.read_text().split("def upgrade")[1].split("def downgrade")[0]
+
+
+# -- autogenerate: only the ticket tables of the database being migrated -------------------------
+
+PROJECT_ENV = '''
+import os
+import sys
+
+import sqlalchemy as sa
+from alembic import context
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import sqlalchemy_tickets.alembic  # noqa: F401
+from sqlalchemy_tickets.alembic import include_object
+from models import target_metadata  # the application's models, which may configure() a source
+
+engine = sa.create_engine(context.get_x_argument(as_dictionary=True)["url"],
+                          poolclass=sa.pool.NullPool)
+with engine.connect() as connection:
+    context.configure(connection=connection, target_metadata=target_metadata,
+                      include_object=include_object)
+    with context.begin_transaction():
+        context.run_migrations()
+engine.dispose()
+'''
+
+MODELS_HEAD = '''
+import os
+
+import sqlalchemy as sa
+from sqlalchemy_tickets import CachedSource, TicketId, TicketServer, TicketServers, configure
+
+APP = os.environ["APP_URL"]
+TICKETS = os.environ.get("TICKETS_URL", "")
+target_metadata = sa.MetaData()
+'''
+
+
+def alembic_project(tmp_path: Path, models: str) -> Path:
+    """A fresh Alembic project in ``tmp_path``: the examples' ``script.py.mako``, an ``env.py``
+    that imports ``models.py`` (as an application's would), no revisions yet."""
+    project = tmp_path / "project"
+    (project / "versions").mkdir(parents=True)
+    shutil.copy(EXAMPLES / "postgresql" / "alembic.ini", project / "alembic.ini")
+    shutil.copy(EXAMPLES / "postgresql" / "script.py.mako", project / "script.py.mako")
+    (project / "env.py").write_text(PROJECT_ENV)
+    (project / "models.py").write_text(MODELS_HEAD + models)
+    return project
+
+
+def alembic_cli(project: Path, *args: str, app: str, tickets: str = "") -> str:
+    """``alembic`` in a process of its own (the models' ``configure()`` stays there)."""
+    env = {**__import__("os").environ, "APP_URL": app, "TICKETS_URL": tickets}
+    result = subprocess.run(
+        [sys.executable, "-m", "alembic", "-c", str(project / "alembic.ini"),
+         "-x", f"url={app}", *args],
+        capture_output=True, text=True, timeout=300, env=env, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def autogenerated(project: Path, *, app: str, tickets: str = "") -> str:
+    alembic_cli(project, "revision", "--autogenerate", "-m", "models", app=app, tickets=tickets)
+    (script,) = (project / "versions").glob("*.py")
+    return script.read_text()
+
+
+def ticket_tables_in(url: str) -> set[str]:
+    return {n for n in table_names(url) if n.lower().startswith("tickets")}
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mysql"])
+def test_autogenerate_proposes_nothing_for_a_configured_dedicated_server(
+    backend: str, make_database: Callable[[str], str], tmp_path: Path
+) -> None:
+    app, tickets = make_database(backend), make_database(backend)
+    project = alembic_project(tmp_path, """
+configure(TICKETS)   # a dedicated ticket server, as the models module says
+sa.Table("photos", target_metadata, sa.Column("id", TicketId("Photos"), primary_key=True))
+sa.Table("tags", target_metadata, sa.Column("id", TicketId("tags", bits=32), primary_key=True))
+sa.Table("legacy", target_metadata, sa.Column("id", TicketId(), primary_key=True))
+""")
+    script = autogenerated(project, app=app, tickets=tickets)
+    assert "op.create_table('photos'" in script
+    assert "sqlalchemy_tickets.TicketId('photos')" in script
+    assert "_ticket_table" not in script
+    # The script runs (TicketId is imported by the project's script.py.mako).
+    alembic_cli(project, "upgrade", "head", app=app, tickets=tickets)
+    assert {"photos", "tags", "legacy"} <= table_names(app)
+    assert ticket_tables_in(app) == set()  # nothing unused in the application's database
+    assert ticket_tables_in(tickets) == set()  # nor written to the ticket server
+
+
+def test_autogenerate_proposes_only_the_embedded_default_columns(
+    make_database: Callable[[str], str], tmp_path: Path
+) -> None:
+    app = make_database("postgresql")
+    odd, even = make_database("postgresql"), make_database("postgresql")
+    project = alembic_project(tmp_path, f"""
+pair = TicketServers([{odd!r}, {even!r}])
+one = TicketServer(TICKETS)
+sa.Table("photos", target_metadata, sa.Column("id", TicketId("Photos", source=pair),
+                                              primary_key=True))
+sa.Table("notes", target_metadata, sa.Column("id", TicketId("notes", source=one),
+                                             primary_key=True))
+sa.Table("cached", target_metadata,
+         sa.Column("id", TicketId("cached", source=CachedSource(pair)), primary_key=True))
+# Its own database, through a cache: drawn from the migrated database, so proposed.
+sa.Table("local", target_metadata,
+         sa.Column("id", TicketId("local", source=CachedSource(TicketServer(APP))),
+                   primary_key=True))
+# The embedded default: proposed.
+sa.Table("accounts", target_metadata, sa.Column("id", TicketId("Accounts"), primary_key=True))
+""")
+    tickets = make_database("postgresql")
+    script = autogenerated(project, app=app, tickets=tickets)
+    proposed = sorted(re.findall(r"op\.create_ticket_table\((.*?)\)", script))
+    assert proposed == ["'accounts'", "'local'"]
+    alembic_cli(project, "upgrade", "head", app=app, tickets=tickets)
+    assert ticket_tables_in(app) == {"tickets__accounts", "tickets__local"}
+    assert ticket_tables_in(odd) == ticket_tables_in(even) == set()
+
+
+def test_autogenerate_with_a_source_configured_on_the_migrated_database(
+    make_database: Callable[[str], str], tmp_path: Path
+) -> None:
+    app = make_database("postgresql")
+    project = alembic_project(tmp_path, """
+configure(APP)   # a cache over the application's own database: not a dedicated server
+sa.Table("photos", target_metadata, sa.Column("id", TicketId("Photos"), primary_key=True))
+""")
+    script = autogenerated(project, app=app)
+    assert "op.create_ticket_table('photos')" in script
+
+
+def test_autogenerate_on_a_sqlite_file_leaves_the_embedded_tickets_to_their_own_file(
+    make_database: Callable[[str], str],
+) -> None:
+    """The embedded default keeps a SQLite file's tickets in a sibling file, made on first use:
+    a ticket table in the application's file would never be used, so none is proposed."""
+    url = make_database("sqlite")
+    script, _ = _autogenerate(url, app_metadata())
+    assert script.upgrade_ops is not None
+    assert _ticket_ops(script.upgrade_ops) == []
+
+
+# -- the Flickr pair example takes its stride from the server ---------------------------------------
+
+
+def _session_stride_url(url: str, increment: int, offset: int) -> str:
+    """``url`` whose connections run with these auto_increment_* session values: a server of a
+    Flickr pair, as far as every client on this URL can tell (the shared test server's global
+    settings stay untouched)."""
+    command = (f"SET SESSION auto_increment_increment={increment}, "
+               f"auto_increment_offset={offset}")
+    return sa.engine.make_url(url).update_query_dict({"init_command": command}).render_as_string(
+        hide_password=False
+    )
+
+
+def test_flickr_pair_example_reads_the_stride_from_the_server(
+    make_database: Callable[[str], str],
+) -> None:
+    odd = _session_stride_url(make_database("mysql"), 2, 1)
+    even = _session_stride_url(make_database("mysql"), 2, 2)
+    for url in (odd, even):
+        alembic("mysql-flickr-two-servers", "upgrade", "head", url=url)  # no -x offset
+        assert TICKET_TABLES <= table_names(url)
+    assert draw(odd, "Photos", 3) == range(1, 7, 2)
+    assert draw(even, "Photos", 3) == range(2, 8, 2)
+    assert draw(odd, None, 2) == range(1, 5, 2)
+    assert draw(even, None, 2, bits=32) == range(2, 6, 2)
+    pair = TicketServers([odd, even])
+    try:
+        assert sorted(pair.next_id("Photos") for _ in range(4)) == [7, 8, 9, 10]
+    finally:
+        pair.dispose()
+
+
+def test_flickr_pair_example_x_offset_still_wins_and_is_checked(
+    make_database: Callable[[str], str],
+) -> None:
+    url = _session_stride_url(make_database("mysql"), 2, 2)
+    # -x offset=2 agrees with the server: fine.
+    alembic("mysql-flickr-two-servers", "upgrade", "head", url=url, offset=2)
+    assert draw(url, "Photos", 2) == range(2, 6, 2)
+    # -x offset=1 on the even server: refused before anything is created.
+    other = _session_stride_url(make_database("mysql"), 2, 2)
+    with pytest.raises(StrideMismatchError, match="auto_increment_offset=2"):
+        alembic("mysql-flickr-two-servers", "upgrade", "head", url=other, offset=1)
+    assert table_names(other) & TICKET_TABLES == set()
+
+
+def test_flickr_pair_example_refuses_a_server_that_is_not_in_a_pair(
+    make_database: Callable[[str], str],
+) -> None:
+    """A server still at auto_increment_increment=1 would give both servers the same ids."""
+    from alembic.util import CommandError
+
+    url = make_database("mysql")
+    with pytest.raises(CommandError, match="auto_increment_increment=1"):
+        alembic("mysql-flickr-two-servers", "upgrade", "head", url=url)
+    assert table_names(url) & TICKET_TABLES == set()

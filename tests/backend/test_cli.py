@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from support.cli import run
+from sqlalchemy_tickets import TicketServer, TicketServers
+from sqlalchemy_tickets.cli import BLOCK, MAX_COUNT
+from support.cli import ENV, SCRIPT, run
+
+
+def error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The one line a failure prints (asserting there is exactly one, and no traceback)."""
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def describe(url: str, sequence: str | None, bits: int = 64) -> tuple[int, int, int | None]:
+    server = TicketServer(url, create_missing=False)
+    try:
+        info = server.describe(sequence, bits=bits)
+    finally:
+        server.dispose()
+    assert info is not None
+    return info.increment, info.offset, info.last_id
 
 
 def test_demo_runs_on_sqlite_in_the_current_directory(tmp_path: Path) -> None:
@@ -59,33 +81,352 @@ def test_flickr_tables_by_default(make_database) -> None:
     assert run("next", "--url", url, "--bits", "32").stdout.split() == ["1"]
 
 
+# -- init with several servers ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
+def test_init_several_servers_gives_each_its_position(make_database, backend: str) -> None:
+    a, b = make_database(backend), make_database(backend)
+    result = run("init", "--url", a, "--url", b, "Photos", "Accounts")
+    assert result.returncode == 0, result.stderr
+    assert describe(a, "photos")[:2] == (2, 1)
+    assert describe(b, "photos")[:2] == (2, 2)
+    assert describe(b, "accounts")[:2] == (2, 2)
+    assert "Photos: ready (increment 2, offset 2)" in result.stdout
+
+    # The pair init made is the pair TicketServers wants: each checked against its position.
+    pair = TicketServers([a, b])
+    try:
+        ids = [pair.next_id("Photos") for _ in range(6)]
+    finally:
+        pair.dispose()
+    assert sorted(ids) == [1, 2, 3, 4, 5, 6]
+
+    # Run again, same list: nothing to change, nothing refused.
+    again = run("init", "--url", a, "--url", b, "Photos")
+    assert again.returncode == 0, again.stderr
+    # next over the pair: still each server on its own residue.
+    drawn = run("next", "--url", a, "--url", b, "photos", "--count", "4")
+    assert drawn.returncode == 0, drawn.stderr
+
+
+def test_init_several_servers_overridden_by_flags(make_database) -> None:
+    a, b = make_database("postgresql"), make_database("postgresql")
+    # Two of three planned servers: increment 3, offsets 1 and 2 ...
+    result = run("init", "--url", a, "--url", b, "photos", "--increment", "3")
+    assert result.returncode == 0, result.stderr
+    assert describe(a, "photos")[:2] == (3, 1) and describe(b, "photos")[:2] == (3, 2)
+    # ... or explicit offsets, once per --url.
+    c, d = make_database("postgresql"), make_database("postgresql")
+    result = run("init", "--url", c, "--url", d, "photos", "--increment", "3",
+                 "--offset", "3", "--offset", "1")
+    assert result.returncode == 0, result.stderr
+    assert describe(c, "photos")[:2] == (3, 3) and describe(d, "photos")[:2] == (3, 1)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
+def test_init_refuses_an_existing_table_with_another_stride(make_database, backend: str) -> None:
+    a, b = make_database(backend), make_database(backend)
+    assert run("init", "--url", a, "photos").returncode == 0
+    assert run("next", "--url", a, "photos", "--count", "5").returncode == 0
+    before = describe(a, "photos")
+    assert before == (1, 1, 5)
+
+    refused = run("init", "--url", a, "photos", "--increment", "2", "--offset", "2")
+    assert refused.returncode == 1
+    line = error_line(refused)
+    assert "increment 1, offset 1" in line and "restride" in line
+    assert describe(a, "photos") == before
+
+    # With several servers: nothing is created anywhere when one table disagrees.
+    refused = run("init", "--url", a, "--url", b, "photos")
+    assert refused.returncode == 1 and "restride" in error_line(refused)
+    assert describe(a, "photos") == before
+    with pytest.raises(Exception, match="no ticket table"):
+        describe(b, "photos")
+
+    # Asked for nothing: the existing table is taken as it is.
+    kept = run("init", "--url", a, "photos")
+    assert kept.returncode == 0 and "(increment 1, offset 1)" in kept.stdout
+
+
+# -- next -----------------------------------------------------------------------------------------
+
+
+def test_next_count_above_the_ceiling_draws_nothing(make_database) -> None:
+    url = make_database("postgresql")
+    assert run("init", "--url", url, "photos").returncode == 0
+    assert run("next", "--url", url, "photos", "--count", "3").returncode == 0
+    for count in (str(MAX_COUNT + 1), "99999999999", "0", "-1", "abc", "1.5"):
+        result = run("next", "--url", url, "photos", "--count", count)
+        assert result.returncode == 2, (count, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert "--count" in result.stderr.splitlines()[-1]
+    assert describe(url, "photos") == (1, 1, 3)  # nothing drawn
+    full = run("next", "--url", url, "photos", "--count", str(MAX_COUNT))
+    assert full.returncode == 0
+    ids = full.stdout.split()
+    assert len(ids) == MAX_COUNT and ids[0] == "4" and ids[-1] == str(MAX_COUNT + 3)
+
+
+def test_next_prints_blocks_as_they_arrive(make_database) -> None:
+    """While nobody reads its output, ``next`` cannot get more than a block or two ahead: it
+    draws a block, prints it, and only then draws the next (the pipe holds less than a block)."""
+    url = make_database("postgresql")
+    assert run("init", "--url", url, "photos").returncode == 0
+    assert SCRIPT is not None
+    with subprocess.Popen(
+        [SCRIPT, "next", "--url", url, "photos", "--count", str(MAX_COUNT)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+    ) as proc:
+        assert proc.stdout is not None
+        try:
+            assert proc.stdout.readline() == "1\n"
+            # The first id is out; what has been drawn so far is bounded by the pipe, not the count.
+            _, _, last = describe(url, "photos")
+            assert last is not None and last <= 3 * BLOCK, last
+        finally:
+            proc.kill()
+    assert describe(url, "photos")[2] <= 3 * BLOCK  # type: ignore[operator]
+
+
+def test_next_over_a_pair_interleaves_blocks(make_database) -> None:
+    a, b = make_database("sqlite"), make_database("sqlite")
+    assert run("init", "--url", a, "--url", b, "photos").returncode == 0
+    result = run("next", "--url", a, "--url", b, "photos", "--count", str(3 * BLOCK))
+    assert result.returncode == 0, result.stderr
+    ids = [int(i) for i in result.stdout.split()]
+    assert len(ids) == len(set(ids)) == 3 * BLOCK
+    assert {i % 2 for i in ids} == {0, 1}  # both servers served blocks
+
+
+# -- status ---------------------------------------------------------------------------------------
+
+
+def test_status_shares_never_exceed_100_percent(make_database) -> None:
+    url = make_database("postgresql")
+    TicketServer(url).create("photos", start=2**40)  # a 64-bit sequence far past 2**31
+    assert run("next", "--url", url, "photos").returncode == 0
+    result = run("status", "--url", url, "--json")
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)
+    assert row["used_32"] == 1.0 and 0 < row["used_64"] < 1
+    human = run("status", "--url", url)
+    assert "100.0000%" in human.stdout and "51200" not in human.stdout
+
+
+def test_status_never_creates_a_database(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such.db"
+    for command in (["status"], ["next", "photos"], ["status", "--json"]):
+        result = run(*command, "--url", f"sqlite:///{missing}")
+        assert result.returncode == 1
+        line = error_line(result)
+        assert "no SQLite database" in line and str(missing) in line
+        assert not missing.exists()
+    sync = run("sync", "--url", f"sqlite:///{missing}", "--from", f"sqlite:///{missing}",
+               "--table", "photos", "photos")
+    assert sync.returncode == 1 and not missing.exists()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
+def test_status_on_a_database_without_ticket_tables_says_so(make_database, backend: str) -> None:
+    url = make_database(backend)
+    if backend == "sqlite":  # a file that exists, with an application table only
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(url)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE photos (id INTEGER PRIMARY KEY)")
+        engine.dispose()
+    result = run("status", "--url", url)
+    assert result.returncode == 1
+    assert "no ticket tables" in error_line(result)
+    assert result.stdout == ""
+    # One server with tables, one without: the table, and a note for the empty one.
+    other = make_database(backend)
+    assert run("init", "--url", other, "photos").returncode == 0
+    both = run("status", "--url", other, "--url", url)
+    assert both.returncode == 0 and "photos" in both.stdout
+    assert "no ticket tables" in both.stderr
+
+
+# -- sync -----------------------------------------------------------------------------------------
+
+
+def test_sync_names_its_sequence_explicitly(make_database) -> None:
+    import sqlalchemy as sa
+
+    url = make_database("mysql")
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE photos (id INTEGER PRIMARY KEY, title VARCHAR(20))")
+        conn.exec_driver_sql("INSERT INTO photos VALUES (41, 'b')")
+    engine.dispose()
+    assert run("init", "--url", url).returncode == 0  # Flickr's Tickets64
+    assert run("next", "--url", url).stdout.split() == ["1"]
+
+    bare = run("sync", "--url", url, "--from", url, "--table", "photos")
+    assert bare.returncode == 2 and "SEQUENCE --flickr" in bare.stderr
+    both = run("sync", "--url", url, "--from", url, "--table", "photos", "photos", "--flickr")
+    assert both.returncode == 2
+    assert describe(url, None)[2] == 1  # Tickets64 did not move
+
+    flickr = run("sync", "--url", url, "--from", url, "--table", "photos", "--flickr")
+    assert flickr.returncode == 0, flickr.stderr
+    assert run("next", "--url", url).stdout.split() == ["42"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
+def test_sync_refuses_a_non_integer_column_in_one_line(make_database, backend: str) -> None:
+    import sqlalchemy as sa
+
+    url = make_database(backend)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE photos (id INTEGER PRIMARY KEY, title VARCHAR(20))")
+        conn.exec_driver_sql("INSERT INTO photos VALUES (41, 'b')")
+    engine.dispose()
+    assert run("init", "--url", url, "photos").returncode == 0
+    result = run("sync", "--url", url, "--from", url, "--table", "photos", "--column", "title",
+                 "photos")
+    assert result.returncode == 1
+    line = error_line(result)
+    assert "photos.title" in line and "not an integer column" in line
+    no_column = run("sync", "--url", url, "--from", url, "--table", "photos", "--column",
+                    "nope", "photos")
+    assert no_column.returncode == 1 and "no column nope" in error_line(no_column)
+    assert run("next", "--url", url, "photos").stdout.split() == ["1"]  # not moved
+
+
+# -- errors: one line, the right exit code ----------------------------------------------------------
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (("next", "--url", "postgresql+psycopg://postgres@127.0.0.1:1/x"), "failed: connection"),
         (("next", "--url", "mysql+pymysql://root@127.0.0.1:1/x", "photos"), "failed"),
-        (("next", "--url", "nosuch://x"), "no ticket backend"),
-        (("next", "--url", "not a url"), "invalid database URL"),
-        (("init", "--url", "sqlite://", "bad-name"), "invalid sequence name"),
+        (("status", "--url", "postgresql+psycopg://postgres@127.0.0.1:1/x"), "failed"),
+        (("init", "--url", "postgresql+psycopg://postgres@127.0.0.1:1/x", "photos"), "failed"),
+        (("restride", "--url", "mysql+pymysql://root@127.0.0.1:1/x"), "failed"),
     ],
 )
-def test_errors_are_one_line_without_traceback(args: tuple[str, ...], message: str) -> None:
+def test_runtime_failures_are_one_line_exit_1(args: tuple[str, ...], message: str) -> None:
     result = run(*args)
     assert result.returncode == 1
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert message in error_line(result)
 
 
 def test_unknown_sequence_is_an_error_and_creates_nothing(make_database) -> None:
     url = make_database("postgresql")
     result = run("next", "--url", url, "ghost")
-    assert result.returncode == 1 and "no ticket table tickets__ghost" in result.stderr
+    assert result.returncode == 1 and "no ticket table tickets__ghost" in error_line(result)
     again = run("next", "--url", url, "ghost")
     assert again.returncode == 1  # still absent: the failed call created nothing
 
 
-def test_bad_arguments_exit_2() -> None:
-    assert run("next").returncode == 2
-    assert run("next", "--url", "sqlite://", "--count", "0").returncode == 2
-    assert run("init", "--url", "sqlite://", "--bits", "16").returncode == 2
+def _bad_argument_cases(db: str) -> list[tuple[str, ...]]:
+    """Every subcommand's arguments, each wrong in one way. ``db`` is a SQLite URL whose file
+    does not exist: if anything were read or written, the file would appear."""
+    url = ("--url", db)
+    return [
+        (),
+        ("nosuch",),
+        ("demo", "--bogus"),
+        # init
+        ("init", *url, "photos", "--increment", "2", "--offset", "3"),
+        ("init", *url, "photos", "--increment", "0"),
+        ("init", *url, "photos", "--increment", "65536"),
+        ("init", *url, "photos", "--offset", "0"),
+        ("init", *url, "photos", "--start", "0"),
+        ("init", *url, "photos", "--start", "x"),
+        ("init", *url, "--bits", "16"),
+        ("init", *url, "bad-name"),
+        ("init", *url, "x" * 41),
+        ("init", "--url", "not a url", "photos"),
+        ("init", "--url", "nosuch://host/db", "photos"),
+        ("init", "--url", "postgresql+nodriver://h/db", "photos"),
+        ("init", *url, "--url", db + "2", "photos", "--increment", "1"),
+        ("init", *url, "--url", db + "2", "photos", "--offset", "1"),
+        ("init", *url, "--url", db + "2", "photos", "--offset", "1", "--offset", "1"),
+        ("init", "photos"),
+        # next
+        ("next", *url, "photos", "--count", "0"),
+        ("next", *url, "photos", "--count", "-5"),
+        ("next", *url, "photos", "--count", str(MAX_COUNT + 1)),
+        ("next", *url, "photos", "--count", "many"),
+        ("next", *url, "bad-name"),
+        ("next", *url, "--bits", "8"),
+        ("next", *url, "a", "b"),
+        ("next", "--url", "not a url"),
+        ("next",),
+        # status
+        ("status", *url, "--sample", "-1"),
+        ("status", *url, "--sample", "soon"),
+        ("status", *url, "--sample", "86400"),
+        ("status", "--url", "::"),
+        ("status",),
+        # sync
+        ("sync", *url, "--from", db, "--table", "photos"),
+        ("sync", *url, "--from", db, "--table", "photos", "photos", "--flickr"),
+        ("sync", *url, "--from", db, "--table", "x; drop table y", "photos"),
+        ("sync", *url, "--from", db, "--table", "photos", "--column", "1d", "photos"),
+        ("sync", *url, "--from", "not a url", "--table", "photos", "photos"),
+        ("sync", *url, "--table", "photos", "photos"),
+        ("sync", *url, "--from", db, "photos"),
+        ("sync", *url, "--from", db, "--table", "photos", "bad-name"),
+        # restride
+        ("restride", *url, "bad-name"),
+        ("restride", "--url", "not a url"),
+        ("restride",),
+    ]
+
+
+def test_bad_arguments_exit_2_before_anything_is_read_or_written(tmp_path: Path) -> None:
+    db_file = tmp_path / "tickets.db"
+    db = f"sqlite:///{db_file}"
+    for args in _bad_argument_cases(db):
+        result = run(*args, cwd=tmp_path)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr, args
+        assert "error:" in result.stderr.splitlines()[-1], (args, result.stderr)
+        assert not db_file.exists() and not Path(str(db_file) + "2").exists(), args
+        assert result.stdout == "", args
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no such file"),
+        ("[other]\nurls = sqlite:///x.db\n", "has no [tickets] section"),
+        ("[tickets]\n", "has no urls"),
+        ("[tickets]\nurls = not-a-url\n", "invalid database URL"),
+        ("not an ini file", "cannot read it"),
+    ],
+)
+def test_a_bad_config_file_exits_2_naming_the_file(
+    tmp_path: Path, content: str | None, message: str
+) -> None:
+    config = tmp_path / "tickets.ini"
+    if content is not None:
+        config.write_text(content)
+    for command in ("status", "next", "init", "restride"):
+        result = run(command, "--config", str(config), cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        line = error_line(result)
+        assert str(config) in line and message in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["tickets.ini"] if content else [])
+
+
+def test_urls_from_the_environment_are_checked_too(tmp_path: Path) -> None:
+    result = run("status", env={**ENV, "TICKETS_URL": "not-a-url"}, cwd=tmp_path)
+    assert result.returncode == 2 and "TICKETS_URL" in error_line(result)
+
+
+def test_url_and_config_together_is_a_bad_argument(
+    tmp_path: Path, make_database: Callable[[str], str]
+) -> None:
+    url = make_database("sqlite")
+    (tmp_path / "t.ini").write_text(f"[tickets]\nurls = {url}\n")
+    result = run("status", "--url", url, "--config", str(tmp_path / "t.ini"))
+    assert result.returncode == 2 and "not both" in error_line(result)

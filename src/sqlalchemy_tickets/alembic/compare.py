@@ -1,16 +1,30 @@
 """Autogenerate support: ticket tables follow the ``TicketId`` columns of the target metadata.
 
-For every ``TicketId`` column of ``target_metadata`` (foreign keys to ticket ids excepted) whose
-ticket table is missing from the database, autogenerate proposes ``op.create_ticket_table(...)``
-(once per table). Ticket tables are never in the metadata, so Alembic itself would propose to
-drop them; those ``DropTableOp``\\ s are taken out again — a ticket table holds the last id issued,
-and dropping it would issue the same ids twice. :func:`include_object` does the same at the
-source, for users who prefer it (or who run a version of Alembic where the comparator below is not
-reached).
+A migration creates the ticket tables of the database it migrates, and only those. So
+autogenerate proposes ``op.create_ticket_table(...)`` (once per table, when the table is missing)
+for the ``TicketId`` columns whose ids are drawn **from the database being migrated**:
 
-Turn the comparator off with ``context.configure(..., sqlalchemy_tickets_autogenerate=False)``
-(for instance when the ticket tables live on separate ticket servers, not in the database being
-migrated).
+- columns that use the embedded default (no ``source=``, nothing set by
+  :func:`~sqlalchemy_tickets.configure`), on backends where the embedded default keeps its
+  tables in the application's database (PostgreSQL, MySQL/MariaDB; on a SQLite file it keeps
+  them in a sibling file, which it creates itself on first use);
+- columns whose source (``source=``, else the configured one) is one
+  :class:`~sqlalchemy_tickets.TicketServer`, or a :class:`~sqlalchemy_tickets.CachedSource`
+  over one, on that same database (e.g. ``configure("sqlite:///app.db")`` in an app on
+  ``app.db``).
+
+Columns drawing from dedicated ticket servers (any other database, a
+:class:`~sqlalchemy_tickets.TicketServers` pair, any other source) get nothing: their tables
+belong to the ticket servers, made by ``sqlalchemy-tickets init`` at deploy time or by an
+Alembic project of their own (see ``migrations_examples/mysql-flickr-two-servers``).
+Foreign keys to ticket ids draw nothing either.
+
+Ticket tables are never in the metadata, so Alembic itself would propose to drop them; those
+``DropTableOp``\\ s are taken out again — a ticket table holds the last id issued, and dropping it
+would issue the same ids twice. :func:`include_object` does the same at the source, for users
+who prefer it (or who run a version of Alembic where the comparator below is not reached).
+
+Turn the comparator off with ``context.configure(..., sqlalchemy_tickets_autogenerate=False)``.
 """
 
 from __future__ import annotations
@@ -24,8 +38,14 @@ import sqlalchemy as sa
 from alembic.autogenerate import comparators
 from alembic.autogenerate.api import AutogenContext
 from alembic.operations import ops
+from sqlalchemy.engine import URL
 
 from .._naming import DEFAULT_TABLE_TEMPLATE, TicketTable, ticket_table
+from ..dialects import backend_for
+from ..errors import TicketsError
+from ..sources.cache import CachedSource
+from ..sources.default import configured_source
+from ..sources.server import TicketServer
 from ..types import TicketId
 from .ops import CreateTicketTableOp
 
@@ -71,22 +91,67 @@ def include_object(
     return not is_ticket_table_name(name)
 
 
-def ticket_tables(metadata: sa.MetaData | Iterable[sa.Table]) -> list[TicketTable]:
+def ticket_tables(
+    metadata: sa.MetaData | Iterable[sa.Table], *, database: str | URL | None = None
+) -> list[TicketTable]:
     """The ticket tables that the ``TicketId`` columns of ``metadata`` draw from, in table order.
 
     Columns that are foreign keys (to another table's ticket id) draw nothing and are skipped.
+    With ``database``, only the tables a migration of that database creates: those of columns
+    whose ids are drawn from it (see the module's documentation).
     """
-    return list(_wanted(metadata))
+    url = sa.engine.make_url(database) if database is not None else None
+    return list(_wanted(metadata, url, only_migrated=database is not None))
 
 
-def _wanted(metadata: sa.MetaData | Iterable[sa.Table]) -> dict[TicketTable, str]:
-    """Ticket tables of the metadata's ``TicketId`` columns, each with its table template."""
+def draws_from(type_: TicketId, database: URL | None) -> bool:
+    """Whether a ``TicketId`` column's ids are drawn from ``database`` (the one a migration
+    runs on; ``None``: unknown, so only the embedded default counts)."""
+    source = type_.source if type_.source is not None else configured_source()
+    if source is None:  # the embedded default, beside the rows
+        if database is None:
+            return True
+        try:
+            backend = backend_for(database.get_backend_name())
+        except TicketsError:
+            return True
+        return same_database(backend.embedded_url(database), database)
+    seen: set[int] = set()
+    while isinstance(source, CachedSource) and id(source) not in seen:
+        seen.add(id(source))
+        source = source.source
+    if not isinstance(source, TicketServer) or database is None:
+        return False
+    return same_database(source.url, database)
+
+
+def same_database(a: URL, b: URL) -> bool:
+    """Whether two URLs name one database (drivers, users and options aside)."""
+    if a.get_backend_name() != b.get_backend_name():
+        return False
+    try:
+        backend = backend_for(a.get_backend_name())
+    except TicketsError:
+        return a == b
+    return backend.database_key(a) == backend.database_key(b)
+
+
+def _wanted(
+    metadata: sa.MetaData | Iterable[sa.Table],
+    database: URL | None = None,
+    *,
+    only_migrated: bool = False,
+) -> dict[TicketTable, str]:
+    """Ticket tables of the metadata's ``TicketId`` columns, each with its table template
+    (``only_migrated``: only those drawn from ``database``)."""
     tables = metadata.sorted_tables if isinstance(metadata, sa.MetaData) else metadata
     found: dict[TicketTable, str] = {}
     for table in tables:
         for column in table.columns:
             type_ = column.type
             if isinstance(type_, TicketId) and not column.foreign_keys:
+                if only_migrated and not draws_from(type_, database):
+                    continue
                 # A source with its own table template (TicketServer(table_template=...)).
                 template = getattr(type_.source, "table_template", None)
                 if not isinstance(template, str):
@@ -126,8 +191,12 @@ def compare_ticket_tables(
         # Ticket tables live in the default schema; a run limited to other schemas skips them.
         return
     metadata_tables = list(autogen_context.sorted_tables)
-    wanted = _wanted(metadata_tables)
-    templates = {DEFAULT_TABLE_TEMPLATE, *wanted.values()}
+    connection = autogen_context.connection
+    database = connection.engine.url if connection is not None else None
+    # Every template in use, for recognising ticket tables not to drop; only the tables drawn
+    # from this database, for proposing.
+    templates = {DEFAULT_TABLE_TEMPLATE, *_wanted(metadata_tables).values()}
+    wanted = _wanted(metadata_tables, database, only_migrated=True)
 
     # Never drop a ticket table: the last id issued would be lost, and ids issued again. (For a
     # table it is about to drop, Alembic may also propose index changes: drop those too.)

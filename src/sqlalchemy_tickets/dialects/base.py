@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -188,6 +188,17 @@ class TicketBackend:
     def embedded_url(self, app_url: URL) -> URL:
         """Where the embedded default keeps the ticket tables of an application database."""
         return app_url
+
+    def database_key(self, url: URL) -> Hashable:
+        """What tells databases of this backend apart: two URLs with the same key name the
+        same database, whatever their drivers, users or options."""
+        return (url.host or "localhost", url.port, url.database)
+
+    def missing_database(self, url: URL) -> str | None:
+        """Why ``url`` names a database that does not exist, if that can be told without
+        connecting (``None``: it exists, or only a connection can tell). Read-only tools check
+        it first, so that looking does not create a database (a SQLite file) as a side effect."""
+        return None
 
     def connect_with_timeout(
         self, dialect: Dialect, cargs: Any, cparams: dict[str, Any], seconds: float

@@ -112,9 +112,11 @@ class MySQLBackend(TicketBackend):
     def stride_of(self, t: sa.Table) -> tuple[sa.ColumnElement[int], sa.ColumnElement[int]]:
         if "increment" in t.c:
             return t.c.increment, t.c.offset
+        # Signed: the server variables are unsigned, and the arithmetic on them (offset - id)
+        # goes below zero, which MySQL refuses for BIGINT UNSIGNED (error 1690).
         return (
-            sa.literal_column("@@auto_increment_increment"),
-            sa.literal_column("@@auto_increment_offset"),
+            sa.cast(sa.literal_column("@@auto_increment_increment"), sa.Integer),
+            sa.cast(sa.literal_column("@@auto_increment_offset"), sa.Integer),
         )
 
     def check_create(self, connection: sa.Connection, spec: TableSpec) -> None:

@@ -7,8 +7,10 @@ transaction holds, so tickets taken mid-transaction must live elsewhere.
 
 from __future__ import annotations
 
+import os.path
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -60,6 +62,22 @@ class SQLiteBackend(ReturningBackend):
         if _is_memory(app_url):
             return app_url.set(database=":memory:")
         return app_url.set(database=f"{app_url.database}{EMBEDDED_SUFFIX}")
+
+    def database_key(self, url: URL) -> Hashable:
+        name = str(url.database or ":memory:")
+        if _is_memory(url) or name.startswith("file:"):
+            return name
+        return os.path.realpath(name)
+
+    def missing_database(self, url: URL) -> str | None:
+        if _is_memory(url) or str(url.database).startswith("file:"):
+            return None  # in memory, or a URI whose mode= decides
+        path = Path(str(url.database))
+        if path.is_file():
+            return None
+        return f"no SQLite database at {path.resolve()}" + (
+            " (a directory)" if path.exists() else " (no such file)"
+        )
 
     def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
         return sa.insert(table).values(**row).prefix_with("OR IGNORE")
