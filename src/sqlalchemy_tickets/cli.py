@@ -122,7 +122,10 @@ def command(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
-    args = parser().parse_args(argv)  # exits 2 by itself on a malformed command line
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as done:  # argparse: --help, --version (0) or a malformed command line (2)
+        return done.code if isinstance(done.code, int) else 2
     level = logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     cmd = COMMANDS[args.command]

@@ -27,7 +27,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "migrations_examples"
 BACKENDS = ["sqlite", "postgresql", "mysql"]
 
 
-# -- helpers ----------------------------------------------------------------------------------
+# -- helpers ---------------------------------------------------------------------------------
 
 
 def alembic(example: str | Path, *args: str, **x: Any) -> None:
@@ -78,7 +78,7 @@ def url(request: pytest.FixtureRequest, make_database: Callable[[str], str]) -> 
     return make_database(request.param)
 
 
-# -- the example projects, online -------------------------------------------------------------
+# -- the example projects, online ------------------------------------------------------------
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
@@ -251,7 +251,7 @@ def test_offline_scripts_run(
         assert draw(url, None, 1, bits=32) == range(1, 2)
 
 
-# -- the operations ------------------------------------------------------------------------------
+# -- the operations -----------------------------------------------------------------------------
 
 
 def test_create_reverse_drop_round_trip(url: str) -> None:
@@ -334,7 +334,7 @@ def test_flickr_tables_of_both_widths_coexist(url: str) -> None:
     assert {"Tickets64", "Tickets32"} <= table_names(url)
 
 
-# -- bad input: refused with nothing written -------------------------------------------------
+# -- bad input: refused with nothing written ------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -362,7 +362,7 @@ def test_flickr_stride_the_server_cannot_supply(url: str) -> None:
     assert "Tickets64" not in table_names(url)
 
 
-# -- autogenerate --------------------------------------------------------------------------------
+# -- autogenerate -------------------------------------------------------------------------------
 
 
 def app_metadata(source: Any = None) -> sa.MetaData:
@@ -514,7 +514,7 @@ def test_revision_autogenerate_end_to_end(
     assert "op." not in second.read_text().split("def upgrade")[1].split("def downgrade")[0]
 
 
-# -- autogenerate: only the ticket tables of the database being migrated -------------------------
+# -- autogenerate: only the ticket tables of the database being migrated ------------------------
 
 PROJECT_ENV = '''
 import os
@@ -600,6 +600,10 @@ sa.Table("legacy", target_metadata, sa.Column("id", TicketId(), primary_key=True
     assert "op.create_table('photos'" in script
     assert "sqlalchemy_tickets.TicketId('photos')" in script
     assert "_ticket_table" not in script
+    # So autogenerate wrote no `import sqlalchemy_tickets.alembic`: the TicketId columns rely on
+    # the project's script.py.mako importing sqlalchemy_tickets.
+    assert "import sqlalchemy_tickets.alembic" not in script
+    assert "\nimport sqlalchemy_tickets  #" in script
     # The script runs (TicketId is imported by the project's script.py.mako).
     alembic_cli(project, "upgrade", "head", app=app, tickets=tickets)
     assert {"photos", "tags", "legacy"} <= table_names(app)
@@ -660,7 +664,7 @@ def test_autogenerate_on_a_sqlite_file_leaves_the_embedded_tickets_to_their_own_
     assert _ticket_ops(script.upgrade_ops) == []
 
 
-# -- the Flickr pair example takes its stride from the server ---------------------------------------
+# -- the Flickr pair example takes its stride from the server --------------------------------------
 
 
 def _session_stride_url(url: str, increment: int, offset: int) -> str:

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,7 @@ def test_flickr_tables_by_default(make_database) -> None:
     assert run("next", "--url", url, "--bits", "32").stdout.split() == ["1"]
 
 
-# -- init with several servers ----------------------------------------------------------------------
+# -- init with several servers ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
@@ -150,7 +151,7 @@ def test_init_refuses_an_existing_table_with_another_stride(make_database, backe
     assert kept.returncode == 0 and "(increment 1, offset 1)" in kept.stdout
 
 
-# -- next -----------------------------------------------------------------------------------------
+# -- next ----------------------------------------------------------------------------------------
 
 
 def test_next_count_above_the_ceiling_draws_nothing(make_database) -> None:
@@ -200,7 +201,7 @@ def test_next_over_a_pair_interleaves_blocks(make_database) -> None:
     assert {i % 2 for i in ids} == {0, 1}  # both servers served blocks
 
 
-# -- status ---------------------------------------------------------------------------------------
+# -- status --------------------------------------------------------------------------------------
 
 
 def test_status_shares_never_exceed_100_percent(make_database) -> None:
@@ -250,7 +251,7 @@ def test_status_on_a_database_without_ticket_tables_says_so(make_database, backe
     assert "no ticket tables" in both.stderr
 
 
-# -- sync -----------------------------------------------------------------------------------------
+# -- sync ----------------------------------------------------------------------------------------
 
 
 def test_sync_names_its_sequence_explicitly(make_database) -> None:
@@ -298,7 +299,7 @@ def test_sync_refuses_a_non_integer_column_in_one_line(make_database, backend: s
     assert run("next", "--url", url, "photos").stdout.split() == ["1"]  # not moved
 
 
-# -- errors: one line, the right exit code ----------------------------------------------------------
+# -- errors: one line, the right exit code ---------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -385,8 +386,11 @@ def _bad_argument_cases(db: str) -> list[tuple[str, ...]]:
 def test_bad_arguments_exit_2_before_anything_is_read_or_written(tmp_path: Path) -> None:
     db_file = tmp_path / "tickets.db"
     db = f"sqlite:///{db_file}"
-    for args in _bad_argument_cases(db):
-        result = run(*args, cwd=tmp_path)
+    cases = _bad_argument_cases(db)
+    # Independent processes: run a few at once (each spends most of its time importing).
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda args: run(*args, cwd=tmp_path), cases))
+    for args, result in zip(cases, results, strict=True):
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert "Traceback" not in result.stderr, args
         assert "error:" in result.stderr.splitlines()[-1], (args, result.stderr)

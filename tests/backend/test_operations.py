@@ -109,7 +109,7 @@ def test_sync_errors_change_nothing(make_database) -> None:
     assert bad_table.returncode == 1 and "no_such_table" in bad_table.stderr
     injected = run("sync", "--url", tickets, "--from", tickets, "--table", "x; drop table y",
                    "photos")
-    assert injected.returncode == 1 and "invalid table name" in injected.stderr
+    assert injected.returncode == 2 and "invalid table name" in injected.stderr  # a bad argument
     down = run("sync", "--url", "postgresql+psycopg://postgres@127.0.0.1:1/x", "--from",
                tickets, "--table", "tickets__photos", "photos")
     assert down.returncode == 1 and "Traceback" not in down.stderr
