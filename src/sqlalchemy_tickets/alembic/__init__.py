@@ -18,11 +18,15 @@ In a migration::
     op.create_ticket_table(bits=32)                         # Flickr's Tickets32
     op.drop_ticket_table("Photos")
 
-Autogenerate proposes ``op.create_ticket_table(...)`` for every ``TicketId`` column of the
-target metadata whose ticket table is missing from the database, and never proposes to drop a
-ticket table (``context.configure(..., sqlalchemy_tickets_autogenerate=False)`` turns this off).
-Autogenerate writes ``TicketId`` columns as ``sqlalchemy_tickets.TicketId(...)``: add
-``import sqlalchemy_tickets`` to the project's ``script.py.mako``.
+Autogenerate proposes ``op.create_ticket_table(...)`` for the ``TicketId`` columns of the target
+metadata whose ids are drawn from the database being migrated (the embedded default on
+PostgreSQL and MySQL/MariaDB, or a ``TicketServer`` on that very database) and whose ticket table
+is missing there; columns on dedicated ticket servers get nothing (their tables are made by
+``sqlalchemy-tickets init`` or an Alembic project of the ticket servers). It never proposes to
+drop a ticket table (``context.configure(..., sqlalchemy_tickets_autogenerate=False)`` turns the
+comparator off). Autogenerate writes ``TicketId`` columns as ``sqlalchemy_tickets.TicketId(...)``
+but writes ``import sqlalchemy_tickets.alembic`` only into scripts with a ticket-table operation:
+keep ``import sqlalchemy_tickets`` in the project's ``script.py.mako``.
 """
 
 from __future__ import annotations
