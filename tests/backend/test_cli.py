@@ -305,8 +305,8 @@ def test_sync_refuses_a_non_integer_column_in_one_line(make_database, backend: s
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("next", "--url", "postgresql+psycopg://postgres@127.0.0.1:1/x"), "failed: connection"),
-        (("next", "--url", "mysql+pymysql://root@127.0.0.1:1/x", "photos"), "failed"),
+        (("next", "--url", "postgresql+psycopg://postgres@127.0.0.1:1/x"), "failed to connect"),
+        (("next", "--url", "mysql+pymysql://root@127.0.0.1:1/x", "photos"), "failed to connect"),
         (("status", "--url", "postgresql+psycopg://postgres@127.0.0.1:1/x"), "failed"),
         (("init", "--url", "postgresql+psycopg://postgres@127.0.0.1:1/x", "photos"), "failed"),
         (("restride", "--url", "mysql+pymysql://root@127.0.0.1:1/x"), "failed"),
