@@ -8,8 +8,10 @@ plus a ``String(50)`` and an ``Integer``; ``work(session)`` adds 1,000 new objec
   another name, the noise floor;
 * ``retry, objs`` / ``plain, objs``: ``work`` returns its objects and the caller keeps them.
   ``retry_session`` must keep the unit's objects until COMMIT has answered (to replay them), so
-  where a plain session lets them go at the flush, it keeps 1,000 live objects through COMMIT,
-  whose ``expire_on_commit`` then expires them all: ``plain, objs / plain`` is that effect alone;
+  where a plain session lets them go at the flush, it keeps 1,000 live objects through COMMIT;
+  it commits them without expiring them (the session closes right after, and what ``work``
+  returns must stay readable), where a plain ``expire_on_commit`` session expires them all:
+  ``plain, objs / plain`` is that expiry alone;
 * ``retry, no expire`` / ``plain, no expire``: the same with
   ``sessionmaker(engine, expire_on_commit=False)``.
 

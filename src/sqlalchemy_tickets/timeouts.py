@@ -148,9 +148,10 @@ def _hook_asyncio_engine(engine: Engine, backend: TicketBackend, bound: _Bound) 
         if context.connection is not None:
             _disarm(context.connection.info)
 
-    # COMMIT, ROLLBACK (also the pool's reset on return) and pings go through the dialect, not a
-    # cursor: bound them on this engine's own dialect instance.
-    for name in ("do_commit", "do_rollback", "do_ping"):
+    # COMMIT, ROLLBACK (also the pool's reset on return), pings and a graceful close (asyncpg
+    # waits for the server's goodbye) go through the dialect, not a cursor: bound them on this
+    # engine's own dialect instance.
+    for name in ("do_commit", "do_rollback", "do_ping", "do_close"):
         setattr(dialect, name, _bounded_call(getattr(dialect, name), backend, bound))
 
 

@@ -263,3 +263,29 @@ def test_bad_bounds_are_refused(seconds: Any) -> None:
 def test_not_an_engine_is_refused() -> None:
     with pytest.raises(TicketsError, match="Engine or an AsyncEngine"):
         apply_timeouts("sqlite://", 5)  # type: ignore[call-overload]
+
+
+def test_an_unknown_sync_driver_is_refused_by_name() -> None:
+    from sqlalchemy_tickets.dialects import backend_for
+
+    dialect = sa.dialects.registry.load("postgresql.pg8000")()
+    with pytest.raises(TicketsError, match=r"postgresql\+pg8000: .*socket"):
+        backend_for("postgresql").connect_with_timeout(dialect, [], {}, 1.0)
+
+
+def test_dispose_with_a_pooled_connection_to_a_hung_server(rig: Rig) -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    async def main() -> float:
+        engine = apply_timeouts(create_async_engine(rig.async_url), BOUND)
+        async with engine.connect() as conn:
+            await conn.execute(sa.select(1))
+        rig.proxy.hang()
+        started = time.monotonic()
+        try:
+            await engine.dispose()  # closes the pooled connection: a goodbye nobody answers
+        finally:
+            rig.proxy.forward()
+        return time.monotonic() - started
+
+    assert run(main()) < GUARD / 2

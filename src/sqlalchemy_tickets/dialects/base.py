@@ -205,7 +205,11 @@ class TicketBackend:
     ) -> Any:
         """For an application engine: add the driver's own timeouts to ``cparams``, or return a
         DBAPI connection whose round trips are bounded (``None``: connect as usual)."""
-        raise TicketsError(f"timeouts are not supported for {dialect.name}+{dialect.driver}")
+        raise TicketsError(
+            f"timeouts are not supported for {dialect.name}+{dialect.driver}: the library knows "
+            "neither a read timeout of that driver nor where its connections keep their socket, "
+            "so a hung round trip could not be cut short"
+        )
 
     def socket_fd(self, dbapi_connection: Any) -> int | None:
         """The socket under a DBAPI connection (or an asyncio driver's connection), so a
