@@ -37,7 +37,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, make_transient_to_detached
 
 from .dialects.base import every_backend
-from .errors import CommitOutcomeUnknownError, TicketsError, TicketServerUnavailable
+from .errors import CommitOutcomeUnknownError, DatabaseUnavailable, TicketsError
 
 if TYPE_CHECKING:
     # Only for annotations: sqlalchemy.ext.asyncio needs greenlet, which only the asyncio
@@ -60,7 +60,9 @@ __all__ = [
 
 def is_retryable(error: BaseException) -> bool:
     """Whether a retry can cure ``error``: a lost or refused connection, a timeout, a deadlock,
-    a serialization failure — as each backend module classifies its own driver's errors.
+    a serialization failure — as each backend module classifies its own driver's errors — and
+    :class:`DatabaseUnavailable` (a ticket server or worker-lease database that refused,
+    dropped or did not answer).
 
     A :class:`TicketsError` raised *from* such an error (a ticket or lease database that could
     not be reached, say) is retryable too: the outage is what a retry waits out.
@@ -68,7 +70,7 @@ def is_retryable(error: BaseException) -> bool:
     seen = 0
     current: BaseException | None = error
     while current is not None and seen < 8:  # a bounded walk: a cause chain may be cyclic
-        if isinstance(current, TicketServerUnavailable):
+        if isinstance(current, DatabaseUnavailable):  # a ticket server or lease database
             return True
         if isinstance(current, DBAPIError):
             if current.connection_invalidated:

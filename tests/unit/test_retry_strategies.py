@@ -17,7 +17,13 @@ import sqlalchemy as sa
 import tenacity
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-from sqlalchemy_tickets import TicketsError, is_retryable, retry_session
+from sqlalchemy_tickets import (
+    DatabaseUnavailable,
+    TicketsError,
+    TicketServerUnavailable,
+    is_retryable,
+    retry_session,
+)
 
 
 class Base(DeclarativeBase):
@@ -233,6 +239,8 @@ def test_a_tickets_error_caused_by_a_lost_connection_is_retryable() -> None:
             raise TicketsError("cannot lease a worker id from ...: unreachable") from cause
     except TicketsError as error:
         assert is_retryable(error)
+    assert is_retryable(DatabaseUnavailable("the lease database did not answer in 5 s"))
+    assert is_retryable(TicketServerUnavailable("the ticket server refused"))
     assert not is_retryable(TicketsError("all 1024 worker ids are leased"))
     assert not is_retryable(KeyError("bug"))
 
