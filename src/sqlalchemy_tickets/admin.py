@@ -16,10 +16,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import URL, Engine
 
 from ._naming import TicketTable, max_id, normalize_sequence, ticket_table
-from .dialects._connect import OwnEngine
+from .dialects._connect import Bind, OwnEngine
 from .dialects.base import TableInfo, TableSpec, last_id_below
 from .errors import TicketsError, UnknownSequenceError
 from .sources.server import PAUSED_OFFSET, TicketServer
@@ -165,7 +164,7 @@ def check_identifier(kind: str, name: str) -> str:
 
 
 def table_max(
-    bind: str | URL | Engine, table: str, column: str = "id", *, timeout: float = 30.0
+    bind: Bind, table: str, column: str = "id", *, timeout: float = 30.0
 ) -> int:
     """``max(column)`` of an application table (0 when it is empty), read on a connection
     made the way ``bind`` makes them, within ``timeout`` seconds.
@@ -293,14 +292,12 @@ def _set_stride(
     increment: int | None = None,
     last_id: int | None = None,
 ) -> None:
-    t = server.backend.table(TableSpec(table))
-    values: dict[str, Any] = {"offset": offset}
-    if increment is not None:
-        values["increment"] = increment
-    if last_id is not None:
-        values["id"] = last_id
+    backend = server.backend
+    statement = backend.restride_statement(
+        backend.table(TableSpec(table)), offset=offset, increment=increment, last_id=last_id
+    )
     with server.own.connect() as conn:
-        conn.execute(sa.update(t).where(t.c.stub == "a").values(**values))
+        conn.execute(statement)
 
 
 def _first(error: BaseException) -> str:

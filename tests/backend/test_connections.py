@@ -10,10 +10,12 @@ side: ``pg_stat_activity`` / the MariaDB process list.
 
 from __future__ import annotations
 
+import gc
 import logging
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -523,3 +525,20 @@ def _within(seconds: float, call: Callable[[], Any]) -> Any:
         pytest.fail(f"still waiting after {seconds:.0f} s: the call hangs")
     assert time.monotonic() - started < seconds
     return result[0]
+
+
+def test_the_embedded_default_does_not_keep_the_application_engine_alive(
+    postgresql_url: str,
+) -> None:
+    """It connects through the engine, keyed weakly by it: dropping the engine drops both."""
+    engine = sa.create_engine(postgresql_url)
+    source = embedded_source(engine)
+    source.next_id("photos")
+    server = source.source
+    assert isinstance(server, TicketServer) and server.own.inherits
+    alive = weakref.ref(engine)
+    source.close()
+    server.dispose()
+    del engine, source, server
+    gc.collect()
+    assert alive() is None

@@ -115,10 +115,7 @@ def restride_ticket_table(operations: Operations, operation: RestrideTicketTable
     floor = sa.case((t.c.id > operation.above, t.c.id), else_=operation.above)
     inc, off = operation.increment, operation.offset
     last = last_id_below(floor + 1, inc, off)
-    _emit(
-        operations,
-        sa.update(t).where(t.c.stub == "a").values(id=last, increment=inc, offset=off),
-    )
+    _emit(operations, backend.restride_statement(t, offset=off, increment=inc, last_id=last))
 
 
 @Operations.implementation_for(_NoOp)

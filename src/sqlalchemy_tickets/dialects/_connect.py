@@ -36,7 +36,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, Union
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -46,6 +46,13 @@ from sqlalchemy.engine import URL, Dialect, Engine, make_url
 from .. import _process
 from ..errors import DatabaseUnavailable, TicketsError
 from .base import ConnectParams, TicketBackend, backend_for
+
+if TYPE_CHECKING:
+    # Annotations only: sqlalchemy.ext.asyncio needs greenlet (the asyncio extra).
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+#: What the library's database clients accept as their database.
+Bind = Union[str, URL, Engine, "AsyncEngine"]
 
 __all__ = [
     "ConnectParams",
@@ -197,6 +204,15 @@ def _listen_for_inheritance(app_engine: Engine) -> None:
 # -- the library's own engine ----------------------------------------------------------------
 
 
+def engine_of(bind: object) -> Engine | None:
+    """The ``Engine`` behind ``bind`` (an ``AsyncEngine``'s ``sync_engine``), or ``None`` for
+    a URL."""
+    if isinstance(bind, Engine):
+        return bind
+    sync = getattr(bind, "sync_engine", None)  # AsyncEngine, without importing asyncio support
+    return sync if isinstance(sync, Engine) else None
+
+
 def to_url(bind: str | URL) -> URL:
     """A URL from a string, or :class:`TicketsError` saying what a URL looks like."""
     try:
@@ -213,7 +229,9 @@ class OwnEngine:
 
     Args:
         bind: a URL, or the application's ``Engine``, whose way of connecting is inherited
-            (see the module docstring for what is and is not).
+            (see the module docstring for what is and is not). An ``AsyncEngine``'s
+            connections cannot be used synchronously: its URL is used, on the synchronous
+            driver of the same database.
         timeout: seconds a connect, or a unit of work, may take.
         pool_size: connections kept in the pool (``max_overflow``: twice as many more).
         what: how messages name this database (``"ticket server"``, ``"worker lease
@@ -228,7 +246,7 @@ class OwnEngine:
 
     def __init__(
         self,
-        bind: str | URL | Engine,
+        bind: Bind,
         *,
         timeout: float,
         pool_size: int = 5,
@@ -242,7 +260,7 @@ class OwnEngine:
         self.timeout = float(timeout)
         self.what = what
         self._unavailable = unavailable
-        app: Engine | None = bind if isinstance(bind, Engine) else None
+        app = engine_of(bind)
         url = app.url if app is not None else to_url(bind)  # type: ignore[arg-type]
         self.backend: TicketBackend = backend_for(url.get_backend_name())
         if app is not None:

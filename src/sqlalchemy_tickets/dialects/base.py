@@ -317,6 +317,24 @@ class TicketBackend:
         target = last_id_below(floor + 1, increment, offset)
         return sa.update(t).where(t.c.stub == "a", t.c.id < target).values(id=target)
 
+    def restride_statement(
+        self,
+        t: sa.Table,
+        *,
+        offset: int,
+        increment: int | None = None,
+        last_id: int | sa.ColumnElement[int] | None = None,
+    ) -> sa.sql.Executable:
+        """Give a named sequence's table a new ``offset`` (and ``increment``, and last id: a
+        number or a SQL expression) in one statement, so clients never see half of it. With
+        only ``offset=PAUSED_OFFSET`` it pauses the table (see ``admin.restride``)."""
+        values: dict[str, Any] = {"offset": offset}
+        if increment is not None:
+            values["increment"] = increment
+        if last_id is not None:
+            values["id"] = last_id
+        return sa.update(t).where(t.c.stub == "a").values(**values)
+
     def check_create(self, connection: sa.Connection, spec: TableSpec) -> None:
         """Refuse, before anything is written, a table the server's settings contradict."""
 

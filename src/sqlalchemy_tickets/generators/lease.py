@@ -55,7 +55,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
-from ..dialects._connect import OwnEngine, to_url
+from ..dialects._connect import Bind, OwnEngine, engine_of, to_url
 from ..errors import TicketsError
 
 __all__ = [
@@ -153,7 +153,7 @@ def drop_lease_table_statements(
 
 
 def create_lease_table(
-    bind: str | URL | Engine,
+    bind: Bind,
     *,
     name: str = DEFAULT_LEASE_TABLE,
     schema: str | None = None,
@@ -215,7 +215,7 @@ class WorkerLease:
 
     def __init__(
         self,
-        bind: str | URL | Engine,
+        bind: Bind,
         *,
         namespace: str = DEFAULT_NAMESPACE,
         ttl: float = 30.0,
@@ -239,7 +239,8 @@ class WorkerLease:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise TicketsError(f"timeout must be a positive number of seconds, not {timeout!r}")
         self._bind = bind
-        self.url: URL = bind.url if isinstance(bind, Engine) else to_url(bind)
+        engine = engine_of(bind)
+        self.url: URL = engine.url if engine is not None else to_url(bind)  # type: ignore[arg-type]
         self.namespace = namespace
         self.ttl = float(ttl)
         self.heartbeat = float(beat)

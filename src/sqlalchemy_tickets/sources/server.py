@@ -22,7 +22,7 @@ from .._naming import (
     ticket_table,
 )
 from ..dialects import TicketBackend
-from ..dialects._connect import OwnEngine
+from ..dialects._connect import Bind, OwnEngine
 from ..dialects.base import TableInfo, TableSpec
 from ..errors import (
     ExhaustedError,
@@ -76,7 +76,8 @@ class TicketServer:
             the way that engine does (its ``connect_args``, ``creator``, ``do_connect`` hooks
             such as an auth-token hook), but on a pool of its own in autocommit, so a ticket is
             never part of a caller's transaction and is never issued twice, whatever the caller
-            rolls back (see ``docs/connections.md`` for what is and is not inherited).
+            rolls back (see ``docs/connections.md`` for what is and is not inherited). An
+            ``AsyncEngine`` lends its URL, on the synchronous driver of its database.
         timeout: seconds a connect or a round trip may take before the server counts as down.
         stride: ``(increment, offset)`` this server must have: checked against every table on
             first contact (:class:`StrideMismatchError` if they disagree, before any id is
@@ -93,7 +94,7 @@ class TicketServer:
 
     def __init__(
         self,
-        bind: str | URL | Engine,
+        bind: Bind,
         *,
         timeout: float = 2.0,
         stride: tuple[int, int] | None = None,
