@@ -13,6 +13,7 @@ import asyncio
 import gc
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -368,6 +369,7 @@ def test_lookup_module_imports_the_asyncio_extension_only_for_type_checking() ->
 def test_lookup_works_without_the_asyncio_extension_or_greenlet() -> None:
     code = """
 import sys
+import threading
 sys.modules["sqlalchemy.ext.asyncio"] = None  # importing either now raises ImportError
 sys.modules["greenlet"] = None
 import sqlalchemy as sa
@@ -394,3 +396,60 @@ print("ok")
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_lookups_in_threads_while_other_registries_come_and_go(
+    make_base: MakeBase, tmp_path: Any
+) -> None:
+    base = make_base()
+    Article, Receipt = _models(base)
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'threads.db'}")
+    base.metadata.create_all(engine)
+    with Session(engine) as session:
+        session.add_all([Article(title=str(i)) for i in range(20)] + [Receipt(amount=1)])
+        session.commit()
+        ids = list(session.scalars(sa.select(Article.id))) + list(
+            session.scalars(sa.select(Receipt.id))
+        )
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    started = threading.Barrier(5)
+
+    def reader() -> None:
+        try:
+            with Session(engine) as session:
+                started.wait()
+                while not stop.is_set():
+                    for value in ids:
+                        found = lookup(session, value)
+                        assert found is not None and found.id == value
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+            stop.set()
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    started.wait()
+    try:
+        for i in range(30):  # registries declared, configured, looked up and disposed meanwhile
+            other = make_base()
+            model = type(
+                f"Churn{i}",
+                (other,),
+                {
+                    "__tablename__": f"churn_{i}",
+                    "__annotations__": {"id": Mapped[str]},
+                    "id": mapped_column(PrefixedId(f"ut_churn_{'abcdefghij'[i % 10]}"),
+                                        primary_key=True),
+                },
+            )
+            assert owner_of(model.__table__.c.id.type.new_id()) is model
+            other.registry.dispose()
+            if errors:
+                break
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    assert not errors, errors[0]
