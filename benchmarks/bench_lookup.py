@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         left, rows, f"lookup / get; targets: hit <= {TARGETS['hit']}, load <= {TARGETS['load']}"
     )
     h.value_panel(right, times, "median time per call", "µs", log_scale=True)
+    right.set_xlim(right=max(times.values()) * 20)  # room for the labels of the longest bars
     for key, check in checks.items():
         h.log(f"  {key}: client CPU-time ratio {check['cpu_median']:.3f}")
     return h.report(
