@@ -1,5 +1,5 @@
 """The ``sqlalchemy-tickets`` command: ``demo``, ``init``, ``next``, ``status``, ``sync``,
-``restride``.
+``restride``, ``lookup``.
 
 Ticket servers come from ``--url`` (repeatable), else ``--config FILE``, else the
 ``TICKETS_URL`` environment variable (URLs separated by spaces or commas), else
@@ -13,7 +13,10 @@ answer, an unknown sequence, a stride that disagrees) prints one line on stderr 
 Never a traceback (``-v`` logs it).
 
 Exit codes: 0 done; 1 the operation failed; 2 bad arguments; 3 ``status`` found a sequence
-past 80 % of an id space.
+past 80 % of an id space; 4 ``lookup`` found no row with the id.
+
+``lookup --url URL --models MODULE ID`` is the one command about the application's own rows:
+``--url`` is the application's database, not a ticket server.
 
 Subcommands are entries of :data:`COMMANDS`, each registered with :func:`command`: a name, a
 help line, a function adding its arguments, a ``check`` run in the first phase and a ``run``.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import configparser
+import importlib
 import json
 import logging
 import os
@@ -173,8 +177,8 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="sqlalchemy-tickets",
         description="Globally unique, compact, time-ordered primary keys for SQLAlchemy.",
-        epilog="Exit codes: 0 done, 1 failed, 2 bad arguments, 3 status warns (id space 80%% "
-        "used).",
+        epilog="Exit codes: 0 done, 1 failed, 2 bad arguments, 3 status warns (id space 80% "
+        "used), 4 lookup found no such row.",
     )
     top.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     top.add_argument("-v", "--verbose", action="count", default=0,
@@ -607,4 +611,114 @@ def _restride(args: argparse.Namespace) -> int:
     highest = restride(servers, args.sequences or None)
     print(f"restrided {len(servers)} server(s): increment {len(servers)}, offsets "
           f"1..{len(servers)}, every new id above {highest}")
+    return 0
+
+
+# -- lookup -------------------------------------------------------------------------------------
+
+#: Exit code of ``lookup`` when the id is well formed and its class known, but no row has it.
+NOT_FOUND = 4
+
+
+def _lookup_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--url", required=True, type=_app_url, metavar="URL",
+                     help="the application's database (where the rows are)")
+    sub.add_argument("--models", action="append", required=True, metavar="MODULE",
+                     help="module that declares the mapped classes, e.g. myapp.models "
+                     "(repeatable; imported with the current directory on the path)")
+    sub.add_argument("--json", action="store_true", help="print the row as one JSON object")
+    sub.add_argument("--timeout", type=_seconds, default=10.0, metavar="SECONDS",
+                     help="give up on a database that does not answer within this (default 10)")
+    sub.add_argument("value", metavar="ID",
+                     help="a prefixed id, e.g. post_01h455vb4pex5vsknk084sn02q")
+
+
+def _app_url(text: str) -> URL:
+    """An argparse type: the URL of an application database, of any dialect SQLAlchemy has."""
+    try:
+        url = make_url(text)
+        url.get_dialect()  # imports the dialect's module only; nothing is connected
+    except Exception:  # noqa: BLE001 - ArgumentError, NoSuchModuleError, ValueError...
+        raise argparse.ArgumentTypeError(
+            f"invalid database URL {text!r}: expected e.g. 'postgresql+psycopg://user@host/db', "
+            "'mysql+pymysql://user@host/db' or 'sqlite:///app.db'"
+        ) from None
+    return url
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
+def _lookup_check(args: argparse.Namespace) -> None:
+    from .generators.prefixed import split
+    from .prefix_lookup import owner_of
+
+    try:
+        split(args.value)  # a malformed id is refused before any module is imported
+    except TicketsError as error:
+        raise _Usage(str(error)) from None
+    here = os.getcwd()
+    if here not in sys.path:  # as `python -m`, Alembic and Flask do: the project's own package
+        sys.path.insert(0, here)
+    for name in args.models:
+        try:
+            importlib.import_module(name)
+        except Exception as error:  # noqa: BLE001 - whatever the module raised, in one line
+            first = (str(error).strip().splitlines() or [""])[0]
+            raise _Usage(f"--models {name}: cannot import it: {type(error).__name__}: "
+                         f"{first}") from None
+    try:
+        args.owner = owner_of(args.value)
+    except (TicketsError, SQLAlchemyError) as error:
+        raise _Usage(str(error)) from None
+
+
+@command("lookup", f"print the row a prefixed id names (exit {NOT_FOUND}: no such row)",
+         _lookup_arguments, check=_lookup_check)
+def _lookup(args: argparse.Namespace) -> int:
+    from sqlalchemy import create_engine, inspect
+    from sqlalchemy.orm import Session
+    from sqlalchemy.pool import NullPool
+
+    from .prefix_lookup import lookup
+    from .timeouts import apply_timeouts
+
+    url: URL = args.url
+    try:
+        backend = backend_for(url.get_backend_name())
+    except TicketsError:
+        backend = None  # a dialect the library has no ticket backend for: look up all the same
+    problem = backend.missing_database(url) if backend is not None else None
+    if problem is not None:
+        raise TicketsError(f"{problem}: no record to look up there")
+    owner = f"{args.owner.__module__}.{args.owner.__qualname__}"
+    engine = apply_timeouts(create_engine(url, poolclass=NullPool), args.timeout)
+    try:
+        with Session(engine) as session:
+            found = lookup(session, args.value)
+            if found is None:
+                print(f"sqlalchemy-tickets: no row has the id {args.value} ({owner})",
+                      file=sys.stderr)
+                return NOT_FOUND
+            cls = type(found)
+            # The object's own mapper: a subclass shows its own columns too.
+            values = {attr.key: getattr(found, attr.key)
+                      for attr in inspect(found).mapper.column_attrs}
+    finally:
+        engine.dispose()
+    if args.json:
+        print(json.dumps({"class": f"{cls.__module__}.{cls.__qualname__}", "id": args.value,
+                          "values": values}, default=str))
+        return 0
+    print(f"{cls.__qualname__} {args.value}")
+    for key, value in values.items():
+        print(f"  {key}: {value}")
     return 0

@@ -5,8 +5,12 @@ and the TypeID spec's vectors stored and found again."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import json
+import socket
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +19,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqlalchemy_tickets import PrefixedId, TicketsError, async_lookup, lookup
 from sqlalchemy_tickets.generators import parse_prefixed
+from support import cli
 from support.typeid_spec import INVALID, VALID
 
 
@@ -213,3 +218,149 @@ def test_async_lookup(backend: str, engine: sa.Engine) -> None:
             await async_engine.dispose()
 
     asyncio.run(main())
+
+
+# -- the command line: sqlalchemy-tickets lookup ------------------------------------------------
+
+CLI_MODELS = '''
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from sqlalchemy_tickets import PrefixedId
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Ticket(Base):
+    __tablename__ = "cli_tickets"
+    id: Mapped[str] = mapped_column(PrefixedId("cli_tkt"), primary_key=True)
+    kind: Mapped[str] = mapped_column(sa.String(20))
+    subject: Mapped[str] = mapped_column(sa.String(40))
+    __mapper_args__ = {"polymorphic_on": "kind", "polymorphic_identity": "ticket"}
+
+
+class Urgent(Ticket):
+    __tablename__ = "cli_urgent"
+    id: Mapped[str] = mapped_column(sa.ForeignKey("cli_tickets.id"), primary_key=True)
+    level: Mapped[int] = mapped_column(default=1)
+    __mapper_args__ = {"polymorphic_identity": "urgent"}
+
+
+class Refund(Base):
+    __tablename__ = "cli_refunds"
+    id: Mapped[str] = mapped_column(PrefixedId("cli_ref", format="typeid"), primary_key=True)
+    cents: Mapped[int]
+'''
+
+
+@pytest.fixture
+def cli_models(tmp_path: Path) -> Iterator[Any]:
+    """The module ``cli_lookup_models`` in ``tmp_path`` (the console script runs there), also
+    loaded here under another name to write the rows; its registry is disposed after."""
+    path = tmp_path / "cli_lookup_models.py"
+    path.write_text(CLI_MODELS, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(f"cli_models_{uuid.uuid4().hex}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    module.Base.registry.dispose()
+
+
+def test_cli_lookup_prints_the_row(database_url: str, cli_models: Any, tmp_path: Path) -> None:
+    engine = sa.create_engine(database_url)
+    cli_models.Base.metadata.create_all(engine)
+    with Session(engine) as session:
+        plain = cli_models.Ticket(subject="printer on fire")
+        urgent = cli_models.Urgent(subject="server on fire", level=3)
+        refund = cli_models.Refund(cents=1250)
+        session.add_all([plain, urgent, refund])
+        session.commit()
+        ids = plain.id, urgent.id, refund.id
+    engine.dispose()
+    base = ["lookup", "--url", database_url, "--models", "cli_lookup_models"]
+
+    done = cli.run(*base, ids[1], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"Urgent {ids[1]}"
+    assert {"  subject: server on fire", "  level: 3", "  kind: urgent"} <= set(lines)
+    assert done.stderr == ""
+
+    done = cli.run(*base, "--json", ids[2], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    row = json.loads(done.stdout)
+    assert row == {
+        "class": "cli_lookup_models.Refund",
+        "id": ids[2],
+        "values": {"id": ids[2], "cents": 1250},
+    }
+
+    done = cli.run(*base, "--json", ids[0], cwd=tmp_path)
+    assert json.loads(done.stdout)["values"]["subject"] == "printer on fire"
+
+    missing = cli_models.Refund.__table__.c.id.type.new_id()
+    done = cli.run(*base, missing, cwd=tmp_path)
+    assert done.returncode == 4 and done.stdout == ""
+    assert done.stderr.strip() == (
+        f"sqlalchemy-tickets: no row has the id {missing} (cli_lookup_models.Refund)"
+    )
+
+
+def _no_traceback(done: Any) -> None:
+    lines = done.stderr.strip().splitlines()
+    assert "Traceback" not in done.stderr and lines and "error:" in lines[-1], done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["cli_tkt_01h455vb4pex5vsknk084sn0"], "not a prefixed id"),
+        (["cli_nope_01h455vb4pex5vsknk084sn02q"], "no mapped class has the prefix 'cli_nope'"),
+        (["--models", "no_such_module_xyz", "cli_tkt_01h455vb4pex5vsknk084sn02q"],
+         "no_such_module_xyz"),
+        (["--url", "nosuchdb://x", "cli_tkt_01h455vb4pex5vsknk084sn02q"], "nosuchdb://x"),
+        (["--url", "not a url", "cli_tkt_01h455vb4pex5vsknk084sn02q"], "invalid database URL"),
+        ([], "ID"),
+        (["--timeout", "0", "cli_tkt_01h455vb4pex5vsknk084sn02q"], "--timeout"),
+    ],
+    ids=["malformed", "unknown-prefix", "unknown-module", "unknown-dialect", "bad-url", "no-id",
+         "bad-timeout"],
+)
+def test_cli_lookup_bad_arguments_exit_2_before_any_io(
+    cli_models: Any, tmp_path: Path, args: list[str], message: str
+) -> None:
+    database = tmp_path / "never.db"
+    argv = ["lookup", "--url", f"sqlite:///{database}", "--models", "cli_lookup_models", *args]
+    done = cli.run(*argv, cwd=tmp_path)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert message in done.stderr
+    _no_traceback(done)
+    assert not database.exists()
+
+
+def test_cli_lookup_without_models_is_a_bad_argument(tmp_path: Path) -> None:
+    done = cli.run("lookup", "--url", "sqlite:///x.db", "cli_tkt_01h455vb4pex5vsknk084sn02q",
+                   cwd=tmp_path)
+    assert done.returncode == 2 and "--models" in done.stderr
+    _no_traceback(done)
+
+
+def test_cli_lookup_failures_exit_1_in_one_line(cli_models: Any, tmp_path: Path) -> None:
+    value = cli_models.Ticket.__table__.c.id.type.new_id()
+    database = tmp_path / "missing.db"
+    done = cli.run("lookup", "--url", f"sqlite:///{database}", "--models", "cli_lookup_models",
+                   value, cwd=tmp_path)
+    assert done.returncode == 1 and "no SQLite database" in done.stderr, done.stderr
+    _no_traceback(done)
+    assert not database.exists()  # looking never creates the database
+
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    done = cli.run("lookup", "--url", f"postgresql+psycopg://u@127.0.0.1:{port}/db",
+                   "--models", "cli_lookup_models", value, cwd=tmp_path)
+    assert done.returncode == 1 and done.stderr.startswith("sqlalchemy-tickets: error:")
+    _no_traceback(done)
