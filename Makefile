@@ -1,22 +1,84 @@
-# Two entry points: `make demo` and `make test`. Each builds its own virtualenv.
+# Two entry points: `make demo` and `make test`. Each builds the virtualenvs it needs.
+#
+# make demo   a fresh venv with the package alone (no extras), then `sqlalchemy-tickets demo` on SQLite.
+# make test   1. mypy;
+#             2. the package as a user gets it: build the sdist and, from it, the wheel; `twine check`;
+#                install the wheel without extras in a fresh venv and run tests/install/smoke.py there;
+#             3. the whole suite in .venv: the newest releases of everything;
+#             4. the whole suite in .venv-lowest: the lowest Python and the lowest version of every
+#                dependency and extra that pyproject.toml declares (tests/install/lowest.py).
+# Every backend must answer (TICKETS_TEST_REQUIRE_ALL=1): a missing server fails the run.
+# PYTEST_ARGS narrows both suite runs when working locally; .ci/run never sets it.
+
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+LOWEST_VENV ?= .venv-lowest
+DEMO_VENV ?= .venv-demo
+DIST ?= dist
+PYTEST_ARGS ?=
+export TICKETS_TEST_REQUIRE_ALL ?= 1
 
-.PHONY: demo test lint bench clean
+# uv with the indexes pip is configured with (uv does not read pip's configuration).
+UV_PIP = $(BIN)/python tests/install/uv_pip.py
+# The lowest Python that requires-python allows: on PATH, or installed by pyenv.
+LOWEST_PYTHON_VERSION ?= $(shell $(PYTHON) tests/install/lowest.py python)
+LOWEST_PYTHON ?= $(shell for p in python$(LOWEST_PYTHON_VERSION) \
+	$(wildcard $(HOME)/.pyenv/versions/$(LOWEST_PYTHON_VERSION).*/bin/python3); do \
+	"$$p" -c 'import sys; assert sys.version.startswith("$(LOWEST_PYTHON_VERSION).")' \
+	2>/dev/null && { echo "$$p"; break; }; done)
+
+.PHONY: demo test installed lowest pgbouncer lint bench clean
 
 $(BIN)/activate: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --upgrade pip uv
+	$(UV_PIP) install --quiet --upgrade --python $(BIN)/python -e '.[dev]'
 	touch $(BIN)/activate
 
-demo: $(BIN)/activate
-	cd $(CURDIR) && $(BIN)/sqlalchemy-tickets demo
+demo:
+	rm -rf $(DEMO_VENV)
+	$(PYTHON) -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/pip install --quiet .
+	cd $(CURDIR) && $(DEMO_VENV)/bin/sqlalchemy-tickets demo
 
-test: $(BIN)/activate
+test: $(BIN)/activate pgbouncer
 	$(BIN)/mypy
-	TICKETS_TEST_REQUIRE_ALL=1 $(BIN)/pytest
+	$(MAKE) --no-print-directory installed
+	$(BIN)/pytest $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory lowest
+
+# The built package, installed as a user installs it: nothing from this tree but the wheel.
+installed: $(BIN)/activate
+	rm -rf $(DIST)
+	$(BIN)/python -m build --installer uv --outdir $(DIST) .
+	$(BIN)/twine check --strict $(DIST)/*
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	$(PYTHON) -m venv "$$tmp/venv" && \
+	"$$tmp/venv/bin/pip" install --quiet $(DIST)/*.whl && \
+	cd "$$tmp" && "$$tmp/venv/bin/python" $(CURDIR)/tests/install/smoke.py
+
+$(LOWEST_VENV)/bin/activate: pyproject.toml | $(BIN)/activate
+	@test -n "$(LOWEST_PYTHON)" || { echo "Python $(LOWEST_PYTHON_VERSION), the lowest that" \
+	  "pyproject.toml declares, was not found: install it or set LOWEST_PYTHON=/path/to/python"; \
+	  exit 1; }
+	rm -rf $(LOWEST_VENV)
+	$(BIN)/python -m uv venv --quiet --python $(LOWEST_PYTHON) $(LOWEST_VENV)
+	$(BIN)/python tests/install/lowest.py constraints > $(LOWEST_VENV)/constraints.txt
+	$(UV_PIP) install --quiet --python $(LOWEST_VENV)/bin/python -e '.[dev]' \
+	  --constraint $(LOWEST_VENV)/constraints.txt
+	touch $(LOWEST_VENV)/bin/activate
+
+lowest: $(LOWEST_VENV)/bin/activate
+	$(LOWEST_VENV)/bin/python tests/install/lowest.py check $(LOWEST_VENV)/constraints.txt
+	$(LOWEST_VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The PgBouncer tests start /usr/sbin/pgbouncer; Debian's package provides it.
+pgbouncer:
+	@command -v pgbouncer >/dev/null || test -x /usr/sbin/pgbouncer || { \
+	  echo "installing PgBouncer (Debian package pgbouncer) for the PgBouncer tests"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq pgbouncer; }
 
 lint: $(BIN)/activate
 	$(BIN)/ruff check src tests benchmarks
@@ -26,4 +88,4 @@ bench: $(BIN)/activate
 	$(BIN)/python benchmarks/bench_roundtrip.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info tickets-demo.db*
+	rm -rf $(VENV) $(LOWEST_VENV) $(DEMO_VENV) build $(DIST) *.egg-info tickets-demo.db*
