@@ -4,9 +4,12 @@
 # make test   1. mypy;
 #             2. the package as a user gets it: build the sdist and, from it, the wheel; `twine check`;
 #                install the wheel without extras in a fresh venv and run tests/install/smoke.py there;
-#             3. the whole suite in .venv: the newest releases of everything;
+#             3. the whole suite in .venv: the newest releases of everything (target `suite`);
 #             4. the whole suite in .venv-lowest: the lowest Python and the lowest version of every
-#                dependency and extra that pyproject.toml declares (tests/install/lowest.py).
+#                dependency and extra that pyproject.toml declares (target `lowest`,
+#                tests/install/lowest.py).
+#             3 and 4 run side by side (SUITE_JOBS=1 runs them one after the other): most of a run
+#             is spent waiting on servers and subprocesses, so two runs share two cores well.
 # Every backend must answer (TICKETS_TEST_REQUIRE_ALL=1): a missing server fails the run.
 # PYTEST_ARGS narrows both suite runs when working locally; .ci/run never sets it.
 
@@ -17,6 +20,7 @@ LOWEST_VENV ?= .venv-lowest
 DEMO_VENV ?= .venv-demo
 DIST ?= dist
 PYTEST_ARGS ?=
+SUITE_JOBS ?= 2
 export TICKETS_TEST_REQUIRE_ALL ?= 1
 
 # uv with the indexes pip is configured with (uv does not read pip's configuration).
@@ -28,7 +32,7 @@ LOWEST_PYTHON ?= $(shell for p in python$(LOWEST_PYTHON_VERSION) \
 	"$$p" -c 'import sys; assert sys.version.startswith("$(LOWEST_PYTHON_VERSION).")' \
 	2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: demo test installed lowest pgbouncer lint bench clean
+.PHONY: demo test installed suite lowest pgbouncer lint bench clean
 
 $(BIN)/activate: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,8 +49,10 @@ demo:
 test: $(BIN)/activate pgbouncer
 	$(BIN)/mypy
 	$(MAKE) --no-print-directory installed
+	$(MAKE) --no-print-directory --jobs=$(SUITE_JOBS) --output-sync=target suite lowest
+
+suite: $(BIN)/activate
 	$(BIN)/pytest $(PYTEST_ARGS)
-	$(MAKE) --no-print-directory lowest
 
 # The built package, installed as a user installs it: nothing from this tree but the wheel.
 installed: $(BIN)/activate
@@ -71,7 +77,7 @@ $(LOWEST_VENV)/bin/activate: pyproject.toml | $(BIN)/activate
 
 lowest: $(LOWEST_VENV)/bin/activate
 	$(LOWEST_VENV)/bin/python tests/install/lowest.py check $(LOWEST_VENV)/constraints.txt
-	$(LOWEST_VENV)/bin/pytest $(PYTEST_ARGS)
+	$(LOWEST_VENV)/bin/pytest -o cache_dir=$(LOWEST_VENV)/.pytest_cache $(PYTEST_ARGS)
 
 # The PgBouncer tests start /usr/sbin/pgbouncer; Debian's package provides it.
 pgbouncer:
