@@ -79,9 +79,9 @@ lowest: $(LOWEST_VENV)/bin/activate
 	$(LOWEST_VENV)/bin/python tests/install/lowest.py check $(LOWEST_VENV)/constraints.txt
 	$(LOWEST_VENV)/bin/pytest -o cache_dir=$(LOWEST_VENV)/.pytest_cache $(PYTEST_ARGS)
 
-# The PgBouncer tests start /usr/sbin/pgbouncer; Debian's package provides it.
+# The PgBouncer tests start $TICKETS_PGBOUNCER, else /usr/sbin/pgbouncer: Debian's package provides it.
 pgbouncer:
-	@command -v pgbouncer >/dev/null || test -x /usr/sbin/pgbouncer || { \
+	@test -n "$$TICKETS_PGBOUNCER" || command -v pgbouncer >/dev/null || test -x /usr/sbin/pgbouncer || { \
 	  echo "installing PgBouncer (Debian package pgbouncer) for the PgBouncer tests"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq && apt-get install -y -qq pgbouncer; }

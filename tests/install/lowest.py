@@ -33,11 +33,14 @@ def _normalize(name: str) -> str:
 
 def _load_pyproject() -> dict[str, object]:
     try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10: pip vendors the same parser
-        from pip._vendor import tomli as tomllib
+        import tomllib as toml
+    except ModuleNotFoundError:  # Python 3.10: the same parser as tomli (pytest needs it there)
+        try:
+            import tomli as toml
+        except ModuleNotFoundError:
+            from pip._vendor import tomli as toml
     with PYPROJECT.open("rb") as file:
-        data: dict[str, object] = tomllib.load(file)
+        data: dict[str, object] = toml.load(file)
     return data
 
 
