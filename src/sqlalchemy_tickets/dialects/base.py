@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+import zlib
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -338,6 +340,15 @@ class TicketBackend:
     def check_create(self, connection: sa.Connection, spec: TableSpec) -> None:
         """Refuse, before anything is written, a table the server's settings contradict."""
 
+    @contextmanager
+    def creating(
+        self, connection: sa.Connection, table: TicketTable, timeout: float
+    ) -> Iterator[None]:
+        """Make creating and seeding ``table`` on ``connection`` (in autocommit) one step for
+        every other client: concurrent creators wait for each other, and no reader sees the
+        table without its row where the database allows it. Waits at most ``timeout`` s."""
+        yield
+
     # -- round trips ---------------------------------------------------------------------
 
     def take_block(
@@ -350,6 +361,9 @@ class TicketBackend:
         :meth:`describe`).
         """
         step = count * info.increment
+        if step > table.max_id:
+            # More than the id space: no row could advance, and the SQL would overflow.
+            return None
         stmt = self.statement(dialect, table, "take_block", self.advance_statement)
         if table.flickr:
             stmt.execute(cursor, step=step, max=table.max_id - step)
@@ -440,6 +454,11 @@ def last_id_below(first: Any, increment: Any, offset: Any) -> Any:
     ``offset`` (mod ``increment``) — in SQL or in Python. ``(x % n + n) % n`` because ``%``
     keeps the sign of ``x`` on these databases."""
     return first + ((offset - first) % increment + increment) % increment - increment
+
+
+def lock_key(table: TicketTable) -> int:
+    """A stable 31-bit number for a ticket table, for databases whose locks are numbered."""
+    return zlib.crc32(table.name.encode()) & 0x7FFFFFFF
 
 
 def _select_row(t: sa.Table) -> sa.sql.Executable:

@@ -10,8 +10,10 @@ key is updated upward.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -19,7 +21,7 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Dialect
 
 from .._naming import TicketTable
-from ..errors import StrideMismatchError
+from ..errors import StrideMismatchError, TicketServerUnavailable
 from .base import (
     ConnectParams,
     TableInfo,
@@ -109,6 +111,30 @@ class MySQLBackend(TicketBackend):
     def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
         return sa.insert(table).values(**row).prefix_with("IGNORE")
 
+    @contextmanager
+    def creating(
+        self, connection: sa.Connection, table: TicketTable, timeout: float
+    ) -> Iterator[None]:
+        # DDL commits at once here, so the table can be seen before its row: creators take a
+        # named lock so that one creates and seeds while the others wait, and a reader that
+        # finds the table without its row comes through here too (the seed is idempotent).
+        name = _lock_name(table)
+        got = connection.execute(
+            sa.text("SELECT GET_LOCK(:name, :timeout)"),
+            {"name": name, "timeout": max(1, int(timeout))},
+        ).scalar()
+        if got != 1:
+            raise TicketServerUnavailable(
+                f"waited {timeout:g} s for another client creating {table.name}; try again"
+            )
+        try:
+            yield
+        finally:
+            try:
+                connection.execute(sa.text("SELECT RELEASE_LOCK(:name)"), {"name": name})
+            except Exception:  # a dropped connection releases its locks itself
+                pass
+
     def stride_of(self, t: sa.Table) -> tuple[sa.ColumnElement[int], sa.ColumnElement[int]]:
         if "increment" in t.c:
             return t.c.increment, t.c.offset
@@ -164,6 +190,12 @@ class MySQLBackend(TicketBackend):
     def is_missing_table(self, error: BaseException) -> bool:
         args: tuple[Any, ...] = getattr(error, "args", ())
         return len(args) > 0 and args[0] == _NO_SUCH_TABLE
+
+
+def _lock_name(table: TicketTable) -> str:
+    """The named lock of a ticket table (MySQL caps lock names at 64 characters)."""
+    digest = hashlib.sha1(table.name.encode()).hexdigest()[:16]
+    return f"sqlalchemy_tickets.{digest}"
 
 
 def _replace_into(t: sa.Table) -> sa.sql.Executable:

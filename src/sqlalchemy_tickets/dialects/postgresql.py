@@ -9,15 +9,20 @@ from __future__ import annotations
 import functools
 import importlib
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, Dialect
 
+from .._naming import TicketTable
 from ._connect import bounded_call
-from .base import ConnectParams, ReturningBackend, register_backend, transport_fd
+from .base import ConnectParams, ReturningBackend, lock_key, register_backend, transport_fd
+
+#: The first key of the advisory locks taken while a ticket table is created ("tick").
+_LOCK_CLASS = 0x7469636B
 
 _RETRYABLE_STATES = frozenset({"40001", "40P01", "57014", "57P01", "57P02", "57P03"})
 #: Where the errors of the supported drivers are defined (SQLAlchemy's asyncpg adapter defines
@@ -85,6 +90,29 @@ class PostgreSQLBackend(ReturningBackend):
             cparams.setdefault("timeout", seconds)
             return cast("Callable[..., Awaitable[Any]]", asyncpg.connect)
         return super().async_connect_timeout(dialect, cparams, seconds)
+
+    @contextmanager
+    def creating(
+        self, connection: sa.Connection, table: TicketTable, timeout: float
+    ) -> Iterator[None]:
+        # DDL is transactional here: the table and its row appear together at COMMIT, and
+        # the advisory lock makes a concurrent creator wait instead of failing on the
+        # catalog (`type "tickets__…" already exists`).
+        connection.exec_driver_sql("BEGIN")
+        try:
+            connection.exec_driver_sql(f"SET LOCAL lock_timeout = {max(1, int(timeout * 1000))}")
+            connection.execute(
+                sa.text("SELECT pg_advisory_xact_lock(:cls, :key)"),
+                {"cls": _LOCK_CLASS, "key": lock_key(table)},
+            )
+            yield
+        except BaseException:
+            try:
+                connection.exec_driver_sql("ROLLBACK")
+            except Exception:  # the connection is gone: so is its transaction
+                pass
+            raise
+        connection.exec_driver_sql("COMMIT")
 
     def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
         return postgresql.insert(table).values(**row).on_conflict_do_nothing()

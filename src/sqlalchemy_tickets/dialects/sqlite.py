@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os.path
 import sqlite3
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Dialect
 from sqlalchemy.pool import StaticPool
 
+from .._naming import TicketTable
 from ..errors import TicketsError
 from .base import ConnectParams, ReturningBackend, register_backend
 
@@ -78,6 +80,23 @@ class SQLiteBackend(ReturningBackend):
         return f"no SQLite database at {path.resolve()}" + (
             " (a directory)" if path.exists() else " (no such file)"
         )
+
+    @contextmanager
+    def creating(
+        self, connection: sa.Connection, table: TicketTable, timeout: float
+    ) -> Iterator[None]:
+        # One write transaction: the table and its row appear together, and a concurrent
+        # creator waits for the write lock (the busy timeout) instead of reading between.
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            try:
+                connection.exec_driver_sql("ROLLBACK")
+            except Exception:  # no transaction left to roll back
+                pass
+            raise
+        connection.exec_driver_sql("COMMIT")
 
     def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
         return sa.insert(table).values(**row).prefix_with("OR IGNORE")

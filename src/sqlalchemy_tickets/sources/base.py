@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from ..errors import TicketsError
+from .._naming import check_bits, max_id
+from ..errors import ExhaustedError, TicketsError
 
 
 @runtime_checkable
@@ -21,10 +22,18 @@ class TicketSource(Protocol):
     def next_block(self, sequence: str | None, count: int, *, bits: int = 64) -> range: ...
 
 
-def check_count(count: object) -> int:
-    """A block size must be a positive integer."""
+def check_count(count: object, bits: int | None = None) -> int:
+    """A block size must be a positive integer; with ``bits``, one that a sequence of that width
+    could ever issue (:class:`ExhaustedError` otherwise, so that no SQL sees a count that would
+    overflow the database's integers)."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise TicketsError(f"count must be a positive integer, not {count!r}")
+    if bits is not None and count > max_id(check_bits(bits)):
+        raise ExhaustedError(
+            f"{count} ids do not fit in a {bits}-bit sequence (at most {max_id(bits)} ids "
+            "in all); ask for fewer, or use a 64-bit sequence",
+            remaining=None,
+        )
     return count
 
 

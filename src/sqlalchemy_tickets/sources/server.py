@@ -52,6 +52,13 @@ _process.after_fork_in_child(_after_fork_in_child)
 #: The offset a restride gives a table while it pauses it: no position has it.
 PAUSED_OFFSET = 0
 
+#: Counts above this are checked against the sequence's bit width before anything else.
+_MAX_ID_32 = 2**31 - 1
+
+#: Times a block is asked for again when the table changed between a take and its describe
+#: (seeded by its creator, restrided), before the server counts as unavailable.
+_MISS_RETRIES = 5
+
 
 @dataclass(eq=False)
 class _Known:
@@ -150,8 +157,10 @@ class TicketServer:
 
     def next_block(self, sequence: str | None, count: int, *, bits: int = 64) -> range:
         """Exactly ``count`` ids in one round trip, as a ``range`` whose step is the stride."""
-        if type(count) is not int or count < 1:
-            check_count(count)  # before first contact, which may create the table
+        if type(count) is not int or count < 1 or count > _MAX_ID_32:
+            # Before first contact, which may create the table: a bad count writes nothing,
+            # and one beyond the id space never reaches SQL, where it would overflow.
+            check_count(count, bits)
         known = self._known.get((sequence, bits))
         if known is None:
             known = self._first_contact(sequence, bits)
@@ -190,17 +199,24 @@ class TicketServer:
         check_stride(start, inc, off, check_bits(bits))
         table = ticket_table(sequence, bits, self.table_template)
         spec = TableSpec(table, start, inc, off, self.storage_engine)
-        try:
-            with self.own.connect() as conn:
-                self.backend.check_create(conn, spec)
-                for statement in self.backend.create_statements(spec):
-                    try:
-                        conn.execute(statement)
-                    except sa_exc.IntegrityError:
-                        # PostgreSQL: a concurrent CREATE TABLE IF NOT EXISTS of the same table.
-                        logger.debug("%s created concurrently", table.name)
-        except sa_exc.DBAPIError as error:
-            raise self.own.unavailable(error) from error
+        for attempt in (1, 2):
+            try:
+                with self.own.connect() as conn:
+                    # Created and seeded as one step for every other client: nobody sees the
+                    # table without its row, and concurrent creators wait for each other.
+                    with self.backend.creating(conn, table, self.timeout):
+                        self.backend.check_create(conn, spec)
+                        for statement in self.backend.create_statements(spec):
+                            conn.execute(statement)
+                break
+            except sa_exc.IntegrityError:
+                # PostgreSQL: a CREATE TABLE of the same table by a client that does not take
+                # the creation lock (a migration) won the race; the second attempt finds it.
+                if attempt == 2:
+                    raise
+                logger.debug("%s created concurrently", table.name)
+            except sa_exc.DBAPIError as error:
+                raise self.own.unavailable(error) from error
         logger.info("created ticket table %s on %s", table.name, self)
 
     def stats(self) -> dict[str, int]:
@@ -236,8 +252,12 @@ class TicketServer:
         except UnknownSequenceError:
             if not self.create_missing:
                 raise
-            start = self.start_above(table) + 1 if self.start_above is not None else 1
-            self.create(table.sequence, bits=table.bits, start=max(1, start))
+            self._create_on_first_use(table)
+            info = self._round_trip(self._describe, table)
+        if info is None and not table.flickr and self.create_missing:
+            # A named table without its row: a creator that seeds outside the creation lock
+            # (or an emptied table). Seeding is idempotent; whoever seeds first wins.
+            self._create_on_first_use(table)
             info = self._round_trip(self._describe, table)
         if info is None:
             # Flickr's table with no row yet; its stride comes from the server.
@@ -263,36 +283,65 @@ class TicketServer:
                 "it issues ids again when the restride completes"
             )
 
+    def _create_on_first_use(self, table: TicketTable) -> None:
+        start = self.start_above(table) + 1 if self.start_above is not None else 1
+        self.create(table.sequence, bits=table.bits, start=max(1, start))
+
     def _after_miss(self, known: _Known, count: int) -> tuple[TableInfo, int]:
-        """The take advanced nothing: the stride changed, Flickr's row is missing, or the
-        sequence is exhausted. Returns the stride used and the block's last id."""
+        """The take advanced nothing: the stride changed, the row is missing (Flickr's before
+        its first id; a named table's before its creator seeded it), the table changed between
+        the take and now, or the sequence is exhausted. Returns the stride used and the block's
+        last id."""
         table = known.table
-        info = self._round_trip(self._describe, table)
-        if info is not None and info.last_id is not None and not table.flickr:
-            old = known.info
-            if (info.increment, info.offset) != (old.increment, old.offset):
-                self._check_paused(table, info)
-                self._accept_new_stride(known, info)
-                last = self._round_trip(self._take, table, count, info)
-                if last is not None:
-                    return info, int(last)
-                return self._after_miss(known, count)
-        stride = known.info
-        if info is None or info.last_id is None:
-            first = int(self._round_trip(self._start_row, table))
-            if count == 1:
-                return stride, first
-            # The rest of the block follows on unless another client got in between.
-            last = self._round_trip(self._take, table, count - 1, stride)
-            if last is not None and last - (count - 1) * stride.increment == first:
-                return stride, int(last)
+        for _ in range(_MISS_RETRIES):
+            info = self._round_trip(self._describe, table)
+            if info is not None and info.last_id is not None and not table.flickr:
+                old = known.info
+                if (info.increment, info.offset) != (old.increment, old.offset):
+                    self._check_paused(table, info)
+                    self._accept_new_stride(known, info)
+            stride = known.info
+            if info is None or info.last_id is None:
+                if table.flickr:
+                    return self._start_flickr(known, count)
+                if not self.create_missing:
+                    raise UnknownSequenceError(
+                        f"ticket table {table.name} on {self} has no row; recreate it with "
+                        "`sqlalchemy-tickets init`"
+                    )
+                self._create_on_first_use(table)
+            else:
+                left = max(0, (table.max_id - info.last_id) // stride.increment)
+                if count > left:
+                    raise self._exhausted(table, count, left)
+            # The row is there now, with room: take again.
             last = self._round_trip(self._take, table, count, stride)
             if last is not None:
                 return stride, int(last)
-            info = self._round_trip(self._describe, table)
+        raise TicketServerUnavailable(
+            f"{table.label} on {self} changed under every one of {_MISS_RETRIES} attempts "
+            "to take a block; try again"
+        )
+
+    def _start_flickr(self, known: _Known, count: int) -> tuple[TableInfo, int]:
+        """Flickr's table has no row yet: make it as a legacy client does."""
+        table, stride = known.table, known.info
+        first = int(self._round_trip(self._start_row, table))
+        if count == 1:
+            return stride, first
+        # The rest of the block follows on unless another client got in between.
+        last = self._round_trip(self._take, table, count - 1, stride)
+        if last is not None and last - (count - 1) * stride.increment == first:
+            return stride, int(last)
+        last = self._round_trip(self._take, table, count, stride)
+        if last is not None:
+            return stride, int(last)
+        info = self._round_trip(self._describe, table)
         last_id = info.last_id if info is not None and info.last_id is not None else 0
-        left = max(0, (table.max_id - last_id) // stride.increment)
-        raise ExhaustedError(
+        raise self._exhausted(table, count, max(0, (table.max_id - last_id) // stride.increment))
+
+    def _exhausted(self, table: TicketTable, count: int, left: int) -> ExhaustedError:
+        return ExhaustedError(
             f"sequence {table.label} on {self} cannot issue {count} more id(s): "
             f"{left} left below {table.max_id} (the {table.bits}-bit limit); move it to a "
             "64-bit sequence or a new sequence before it runs out",

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from sqlalchemy.engine import URL, Engine
 
 from .._naming import TicketTable
-from ..errors import TicketsError, TicketServerUnavailable
+from ..errors import ExhaustedError, TicketsError, TicketServerUnavailable
+from .base import check_count
 from .server import TicketServer
 
 logger = logging.getLogger("sqlalchemy_tickets")
@@ -83,7 +84,14 @@ class TicketServers:
         return self.next_block(sequence, 1, bits=bits).start
 
     def next_block(self, sequence: str | None, count: int, *, bits: int = 64) -> range:
-        """``count`` ids from the next server that answers."""
+        """``count`` ids from the next server that answers and has them.
+
+        A server that cannot issue ``count`` more ids is passed over like one that is down, so
+        every id below the limit on every server is issued. :class:`ExhaustedError` comes when
+        every server answered that it has fewer than ``count`` left; its ``remaining`` is the
+        most any one of them still has (ask again with that many), ``0`` when none has any.
+        """
+        check_count(count, bits)  # before first contact: nothing is written for a count too big
         now = self._clock()
         with self._lock:
             first = self._next
@@ -92,10 +100,17 @@ class TicketServers:
         ready = [m for m in order if m.down_until <= now]
         resting = [m for m in order if m.down_until > now]
         errors: list[str] = []
+        exhausted: list[ExhaustedError] = []
         # Servers still backing off are the last resort: their pause may be out of date.
         for member in ready + resting:
             try:
                 block = member.server.next_block(sequence, count, bits=bits)
+            except ExhaustedError as error:
+                # This server answered; another may still have ids.
+                if member.failures:
+                    self._recovered(member)
+                exhausted.append(error)
+                continue
             except TicketServerUnavailable as error:
                 self._failed(member, error)
                 errors.append(str(error))
@@ -103,9 +118,21 @@ class TicketServers:
             if member.failures:
                 self._recovered(member)
             return block
+        label = sequence or f"Tickets{bits}"
+        remaining = max((e.remaining or 0 for e in exhausted), default=0)
+        if exhausted and (remaining or not errors):
+            # Every server that answered is short of ``count``; the unreachable ones (if any)
+            # may have ids, so "none left" is only said when every server answered.
+            raise ExhaustedError(
+                f"no ticket server can issue {count} more id(s) of {label}: "
+                f"{remaining} left on the server with the most"
+                + (f" ({len(errors)} server(s) did not answer)" if errors else "")
+                + "; ask for fewer, or move to a 64-bit or a new sequence before it runs out",
+                remaining=remaining,
+            )
         raise TicketServerUnavailable(
-            f"no ticket server answered for {sequence or 'Tickets' + str(bits)}: "
-            + "; ".join(errors)
+            f"no ticket server answered for {label}: "
+            + "; ".join(errors + [str(e) for e in exhausted])
         )
 
     def _highest_elsewhere(self, table: TicketTable) -> int:

@@ -1,0 +1,83 @@
+"""Many processes using fresh sequences at the same moment: the tables are created on first use,
+and every caller must get ids (none twice) however the creations interleave."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from sqlalchemy_tickets import TicketServer
+
+PROCESSES = 4
+SEQUENCES = 24
+ROUNDS = 3
+
+
+def _first_use(url: str, names: list[str], barrier: Any, queue: Any) -> None:
+    """In a child: one thread per fresh sequence; every thread of every process waits at the
+    barrier, then takes ids, so the first uses of each sequence collide across processes."""
+    server = TicketServer(url, timeout=20.0, pool_size=3)
+    ids: list[int] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def one(name: str) -> None:
+        got: list[int] = []
+        try:
+            barrier.wait(timeout=120)
+            got.append(server.next_id(name))
+            got.extend(server.next_block(name, 3))
+        except Exception as error:  # reported to the parent, which fails the test
+            with lock:
+                errors.append(f"{name}: {type(error).__name__}: {error}")
+        with lock:
+            ids.extend(got)
+
+    try:
+        threads = [threading.Thread(target=one, args=(name,)) for name in names]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        queue.put((ids, errors))
+        server.dispose()
+
+
+@pytest.mark.parametrize("round_", range(ROUNDS))
+def test_fresh_sequences_used_by_many_processes_at_once(
+    make_database: Callable[[str], str], backend: str, round_: int
+) -> None:
+    url = make_database(backend)
+    names = [f"fresh{round_}_{k}" for k in range(SEQUENCES)]
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(PROCESSES * SEQUENCES)
+    queue = ctx.Queue()
+    children = [
+        ctx.Process(target=_first_use, args=(url, names, barrier, queue))
+        for _ in range(PROCESSES)
+    ]
+    for child in children:
+        child.start()
+    results = [queue.get(timeout=120) for _ in children]
+    for child in children:
+        child.join(timeout=30)
+        assert child.exitcode == 0
+    errors = [e for _, errs in results for e in errs]
+    assert errors == []
+    ids = [i for got, _ in results for i in got]
+    assert len(ids) == PROCESSES * SEQUENCES * 4
+    # Per sequence: every process got its 4 ids, none twice, none skipped.
+    per_sequence = PROCESSES * 4
+    server = TicketServer(url)
+    try:
+        for name in names:
+            info = server.describe(name)
+            assert info is not None and info.last_id == per_sequence
+    finally:
+        server.dispose()
+    assert sorted(ids) == sorted(list(range(1, per_sequence + 1)) * SEQUENCES)
