@@ -85,7 +85,11 @@ def test_child_caches_over_one_parent_never_share_an_id(server: TicketServer) ->
 
 def test_rate_steps_without_blocking_waits_after_warm_up(server: TicketServer) -> None:
     clock = Clock()
-    cache = CachedSource(server, clock=clock, supply=10.0, min_block=16, window=60.0)
+    # waste_ratio=1: blocks follow the rate alone (the default also caps them by a share of
+    # the ids issued so far, which test_short_lived.py covers).
+    cache = CachedSource(
+        server, clock=clock, supply=10.0, min_block=16, window=60.0, waste_ratio=1.0
+    )
     sizes: dict[str, list[int]] = {"base": [], "spike": [], "after": []}
     last = 0
     for phase, per_second, seconds in (("base", 10, 60), ("spike", 100, 60), ("after", 10, 120)):

@@ -187,6 +187,16 @@ class TicketBackend:
         """Adjust a connection an application's own ``creator`` made, which the library's
         connect arguments never reached (psycopg: no server-side prepared statements)."""
 
+    def sync_url(self, url: URL) -> URL:
+        """``url`` on this backend's synchronous driver when it names an asyncio driver
+        (``mysql+aiomysql``, ``postgresql+asyncpg``...): ticket round trips run on their own
+        threads and connections, never on an event loop."""
+        try:
+            is_async = bool(url.get_dialect().is_async)
+        except Exception:  # an unknown driver: create_engine says so in its own words
+            return url
+        return url.set(drivername=self.sync_drivername) if is_async else url
+
     def embedded_url(self, app_url: URL) -> URL:
         """Where the embedded default keeps the ticket tables of an application database."""
         return app_url

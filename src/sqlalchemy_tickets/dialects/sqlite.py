@@ -26,7 +26,14 @@ EMBEDDED_SUFFIX = "-tickets"
 
 
 def _is_memory(url: URL) -> bool:
-    return url.database in (None, "", ":memory:") or str(url.database).startswith("file::memory:")
+    """Whether ``url`` names an in-memory database (plain, or a ``mode=memory`` URI, shared or
+    not): each connection to it may see another database, so it needs a single connection."""
+    database = url.database or ""
+    return (
+        database in ("", ":memory:")
+        or database.startswith("file::memory:")
+        or url.query.get("mode") == "memory"
+    )
 
 
 @register_backend("sqlite")
@@ -62,7 +69,13 @@ class SQLiteBackend(ReturningBackend):
 
     def embedded_url(self, app_url: URL) -> URL:
         if _is_memory(app_url):
-            return app_url.set(database=":memory:")
+            database = app_url.database or ""
+            if database.startswith("file:") and not database.startswith("file::memory:"):
+                # A named in-memory database (``file:name?mode=memory&cache=shared``): the
+                # tickets get a sibling, named likewise, with the same query.
+                return app_url.set(database=f"{database}{EMBEDDED_SUFFIX}")
+            # Its query (``uri=true``...) would make ":memory:" the name of a file on disk.
+            return app_url.set(database=":memory:", query={})
         return app_url.set(database=f"{app_url.database}{EMBEDDED_SUFFIX}")
 
     def database_key(self, url: URL) -> Hashable:

@@ -55,7 +55,9 @@ class _Lane:
     ready: deque[int] = field(default_factory=deque)
     rest: range = range(0)
     ahead: deque[range] = field(default_factory=deque)
+    ready_step: int = 1  # the stride of the ids in ``ready`` (one slice of one block)
     refilling: bool = False
+    pending: int = 0  # ids asked for by the refill in flight: held as soon as it is asked
     wanted: int = 0  # ids a caller of next_block is short of: the next refill includes them
     error: BaseException | None = None
     failures: int = 0
@@ -98,6 +100,14 @@ class CachedSource:
         window: seconds over which the rate estimate forgets a spike (HubSpot: 15 minutes).
         waste_budget: the most ids held at once, i.e. the most a restart can burn: an ``int``
             (ids), or a ``float`` in (0, 1) (a share of what is left of the sequence's id space).
+            Everything counts: the ids ready, the blocks taken ahead, the refill in flight,
+            and what a large ``next_block`` asked for (it gets fewer rather than pass it).
+        waste_ratio: the most ids held ahead of need, as a share of the ids this cache has
+            issued so far (never less than ``min_block``, nor than four refill latencies of
+            ids at the current rate, so that refills still land before the lane runs dry). A
+            process that exits soon after a burst burns about this share of what it used, not
+            ``max_block``: a burst sizes blocks for minutes of ids only once the cache has
+            issued enough for those to be a small share.
         timeout: seconds a caller may wait when the cache is empty before
             :class:`TicketServerUnavailable` is raised.
         backoff: first pause after a failed refill, doubling up to ``max_backoff``.
@@ -114,6 +124,7 @@ class CachedSource:
         supply: float = 30.0,
         window: float = 900.0,
         waste_budget: int | float = 0.001,
+        waste_ratio: float = 0.05,
         timeout: float = 2.0,
         backoff: float = 0.1,
         max_backoff: float = 10.0,
@@ -136,7 +147,15 @@ class CachedSource:
                 f"waste_budget must be an int >= 2 (ids) or a float in (0, 1) (a share of the "
                 f"id space left), not {waste_budget!r}"
             )
+        if isinstance(waste_ratio, bool) or not isinstance(waste_ratio, (int, float)) or not (
+            0 < waste_ratio
+        ):
+            raise TicketsError(
+                f"waste_ratio must be a positive share of the ids issued (e.g. 0.05), "
+                f"not {waste_ratio!r}"
+            )
         self.source = source
+        self.waste_ratio = float(waste_ratio)
         self.min_block = min_block
         self.max_block = max_block
         self.supply = float(supply)
@@ -183,27 +202,71 @@ class CachedSource:
             return await asyncio.to_thread(self._next_id_slow, sequence, bits)
 
     def next_block(self, sequence: str | None, count: int, *, bits: int = 64) -> range:
-        """Up to ``count`` consecutive ids (fewer if the block in hand has fewer; never none)."""
-        check_count(count)
+        """Up to ``count`` consecutive ids (fewer if the block in hand has fewer; never none).
+
+        The ids ready for :meth:`next_id` go first, so that one thread mixing both calls on one
+        lane gets increasing ids (over a source whose blocks increase: one server, or a cache
+        over one).
+        """
+        check_count(count, bits)  # a count beyond the id space: ExhaustedError, nothing asked
         lane = self._lane(sequence, bits)
         with lane.lock:
-            shortfall = count - lane.in_hand
+            # The refill in flight counts: asking for its ids again would leave them held.
+            shortfall = count - lane.in_hand - lane.pending
             if shortfall > 0:
                 # A large flush or executemany: size the next refill for what it still needs,
                 # rather than wait on refills sized for single ids. Refills stay one at a time,
                 # so the lane's ids keep their order.
                 lane.wanted = max(lane.wanted, shortfall)
             while True:
-                if lane.rest or lane.ahead:
+                taken = self._take_ready(lane, count)
+                if taken is None and (lane.rest or lane.ahead):
                     if not lane.rest:
                         lane.rest = lane.ahead.popleft()
                     taken = lane.rest[:count]
                     lane.rest = lane.rest[count:]
                     lane.carved += len(taken)
+                if taken is not None:
                     lane.last_issued = max(lane.last_issued, taken[-1])
                     self._observe(lane)
                     return taken
                 self._wait_for_ids(lane)
+
+    def _take_ready(self, lane: _Lane, count: int) -> range | None:
+        """Up to ``count`` ids from the front of the ready deque, and on into the rest of the
+        block when they follow on (lane lock held); ``None`` when nothing is ready."""
+        ready = lane.ready
+        try:
+            first = ready.popleft()
+        except IndexError:
+            return None
+        step = lane.ready_step
+        last = first
+        n = 1
+        gap = False
+        while n < count:
+            try:
+                got = ready.popleft()
+            except IndexError:
+                break
+            if got != last + step:
+                # A next_id in another thread took the id in between. Putting ``got`` back
+                # could hand that thread an id below the one it just had: it is burned
+                # instead (only when next_block and next_id race on one lane).
+                lane.moved -= 1
+                lane.burned += 1
+                gap = True
+                break
+            last = got
+            n += 1
+        if n < count and not gap and not ready and lane.rest and lane.rest.step == step and (
+            lane.rest.start == last + step
+        ):
+            more = lane.rest[: count - n]
+            lane.rest = lane.rest[len(more) :]
+            lane.carved += len(more)
+            last = more[-1]
+        return range(first, last + step, step)
 
     # -- management ---------------------------------------------------------------------------
 
@@ -219,6 +282,7 @@ class CachedSource:
                     "refills": lane.refills,
                     "block_size": lane.block_size,
                     "in_hand": lane.in_hand,
+                    "in_flight": lane.pending,
                     "rate": lane.rate,
                     "refill_latency": lane.latency,
                     "burned": lane.burned,
@@ -227,7 +291,10 @@ class CachedSource:
                 }
         total: dict[str, Any] = {
             key: sum(s[key] for s in per.values())
-            for key in ("issued", "round_trips", "blocking_waits", "refills", "in_hand", "burned")
+            for key in (
+                "issued", "round_trips", "blocking_waits", "refills", "in_hand", "in_flight",
+                "burned",
+            )
         }
         total["rate"] = sum(s["rate"] for s in per.values())
         total["block_size"] = max((s["block_size"] for s in per.values()), default=0)
@@ -324,6 +391,7 @@ class CachedSource:
                 if lane.rest:
                     chunk = lane.rest[: self._chunk(lane)]
                     lane.rest = lane.rest[len(chunk) :]
+                    lane.ready_step = chunk.step
                     lane.ready.extend(chunk)
                     lane.moved += len(chunk)
                     lane.last_issued = max(lane.last_issued, chunk[-1])
@@ -377,33 +445,53 @@ class CachedSource:
     def _low_water(self, lane: _Lane) -> int:
         size = lane.block_size or self.min_block
         wanted = max(size // 2, math.ceil(lane.rate * lane.latency * 4), 1)
-        return min(wanted, max(1, self._budget(lane) // 2))
+        return min(wanted, max(1, self._hold_limit(lane) // 2))
 
     def _budget(self, lane: _Lane) -> int:
-        """The most ids the lane may hold at once."""
+        """The most ids the lane may hold at once, the refill in flight included."""
         budget = self.waste_budget
         if isinstance(budget, float):
             return max(2, int((max_id(lane.bits) - lane.last_issued) * budget))
         return budget
 
+    def _hold_limit(self, lane: _Lane) -> int:
+        """The most ids the lane may take ahead of need: a share of what it has issued (so a
+        short-lived process burns a share of what it used), enough to cover a refill's
+        latency at the current rate (so a refill lands before the lane runs dry), within
+        the waste budget."""
+        earned = max(
+            self.min_block,
+            math.ceil(lane.issued * self.waste_ratio),
+            math.ceil(lane.rate * lane.latency * 4),
+        )
+        return max(1, min(earned, self._budget(lane)))
+
     def _size(self, lane: _Lane) -> int:
-        """The next block to ask for (with the lane's lock held)."""
+        """Ids ahead of need the next block should bring (with the lane's lock held)."""
         size = min(self.max_block, max(self.min_block, math.ceil(lane.rate * self.supply)))
-        # Refills start under the low-water mark (at most half the budget), so a block of half
-        # the budget keeps what is held within it.
-        return max(1, min(size, self._budget(lane) // 2))
+        # Refills start under the low-water mark (at most half the hold limit), so a block
+        # of half the limit keeps what is held within it.
+        return max(1, min(size, self._hold_limit(lane) // 2))
 
     def _start_refill(self, lane: _Lane) -> None:
         if lane.refilling or self._closed.is_set():
             return
-        lane.refilling = True
         lane.block_size = self._size(lane)
-        size = max(lane.block_size, lane.wanted)
+        held = lane.in_hand
+        ahead = min(lane.block_size, max(0, self._hold_limit(lane) - held))
+        # What a caller of next_block is short of comes on top, but nothing passes the waste
+        # budget: that caller gets fewer and asks again.
+        size = min(lane.wanted + ahead, self._budget(lane) - held)
+        if size < 1:
+            return  # the lane already holds its whole budget
         lane.wanted = 0
+        lane.refilling = True
+        lane.pending = size
         try:
             self._executor.submit(self._refill, lane, size)
         except RuntimeError:  # the executor was shut down by close()
             lane.refilling = False
+            lane.pending = 0
 
     def _refill(self, lane: _Lane, size: int) -> None:
         """Take one block from upstream (in a refill thread), retrying with back-off."""
@@ -413,6 +501,7 @@ class CachedSource:
             with lane.lock:
                 if self._closed.is_set() and lane.refilling:
                     lane.refilling = False
+                    lane.pending = 0
                     lane.changed.notify_all()
 
     def _take_block(self, lane: _Lane, size: int) -> None:
@@ -425,6 +514,8 @@ class CachedSource:
                 remaining = getattr(error, "remaining", None)
                 if remaining and remaining < size:
                     size = remaining  # the sequence's last ids, exactly
+                    with lane.lock:
+                        lane.pending = size
                     continue
                 self._failed(lane, error, final=True)
                 return
@@ -448,6 +539,7 @@ class CachedSource:
                 lane.failures = 0
                 lane.error = None
                 lane.refilling = False
+                lane.pending = 0
                 logger.debug(
                     "refilled %s/%d with %d ids in %.1f ms (rate %.0f/s)",
                     lane.sequence, lane.bits, len(block), took * 1000, lane.rate,
@@ -464,6 +556,7 @@ class CachedSource:
             lane.failures += 1
             if final:
                 lane.refilling = False
+                lane.pending = 0
             lane.changed.notify_all()
         log = logger.error if final else logger.warning
         log("refill of %s/%d failed (%d in a row): %s", lane.sequence, lane.bits,

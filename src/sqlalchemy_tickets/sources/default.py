@@ -13,6 +13,9 @@ from .base import TicketSource
 from .cache import CachedSource
 from .server import TicketServer
 
+#: The most ids of one sequence a restart of a process using the embedded default can burn.
+EMBEDDED_WASTE_BUDGET = 10_000
+
 _lock = threading.Lock()
 _configured: TicketSource | None = None
 _embedded: weakref.WeakKeyDictionary[Engine, CachedSource] = weakref.WeakKeyDictionary()
@@ -50,7 +53,8 @@ def embedded_source(app_engine: Engine) -> CachedSource:
     the way ``app_engine`` makes its own (``connect_args``, ``creator``, ``do_connect`` hooks;
     an async engine's connections are made from its URL, on the synchronous driver). A cache
     in front (``supply`` of 10 s, blocks of 16 to 10,000) keeps round trips off most inserts;
-    a restart burns at most what it held. The :class:`TicketServer` is its ``.source``.
+    a restart burns at most what it held: never more than 10,000 ids per sequence. The
+    :class:`TicketServer` is its ``.source``.
     """
     found = _embedded.get(app_engine)
     if found is None:
@@ -60,7 +64,10 @@ def embedded_source(app_engine: Engine) -> CachedSource:
                 found = CachedSource(
                     TicketServer(app_engine, pool_size=2, embedded=True),
                     supply=10.0,
-                    max_block=10_000,
+                    max_block=EMBEDDED_WASTE_BUDGET,
+                    # Everything the cache holds (ready, ahead, in flight) counts: a restart
+                    # burns at most this many ids per sequence.
+                    waste_budget=EMBEDDED_WASTE_BUDGET,
                 )
                 _embedded[app_engine] = found
     return found

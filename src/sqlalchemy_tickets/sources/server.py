@@ -21,8 +21,8 @@ from .._naming import (
     check_table_template,
     ticket_table,
 )
-from ..dialects import TicketBackend
-from ..dialects._connect import Bind, OwnEngine
+from ..dialects import TicketBackend, backend_for
+from ..dialects._connect import Bind, OwnEngine, to_url
 from ..dialects.base import TableInfo, TableSpec
 from ..errors import (
     ExhaustedError,
@@ -34,6 +34,16 @@ from ..errors import (
 from .base import check_count
 
 logger = logging.getLogger("sqlalchemy_tickets")
+
+
+def _sync_bind(bind: Bind) -> Bind:
+    """The URL of an asyncio driver (``mysql+aiomysql``, ``postgresql+asyncpg``,
+    ``sqlite+aiosqlite``...) becomes the same database on its family's synchronous driver:
+    ticket round trips run on threads, never on an event loop. Engines go as given."""
+    if not isinstance(bind, (str, URL)):
+        return bind
+    url = to_url(bind)
+    return backend_for(url.get_backend_name()).sync_url(url)
 
 
 _servers: weakref.WeakSet[TicketServer] = weakref.WeakSet()
@@ -84,7 +94,10 @@ class TicketServer:
             such as an auth-token hook), but on a pool of its own in autocommit, so a ticket is
             never part of a caller's transaction and is never issued twice, whatever the caller
             rolls back (see ``docs/connections.md`` for what is and is not inherited). An
-            ``AsyncEngine`` lends its URL, on the synchronous driver of its database.
+            ``AsyncEngine`` lends its URL, on the synchronous driver of its database; so does
+            the URL of an asyncio driver (``mysql+aiomysql`` → ``pymysql``,
+            ``postgresql+asyncpg`` → ``psycopg``, ``sqlite+aiosqlite`` → ``pysqlite``), whose
+            synchronous driver must be installed.
         timeout: seconds a connect or a round trip may take before the server counts as down.
         stride: ``(increment, offset)`` this server must have: checked against every table on
             first contact (:class:`StrideMismatchError` if they disagree, before any id is
@@ -113,7 +126,7 @@ class TicketServer:
     ) -> None:
         #: The server's own engine and bounded round trip.
         self.own = OwnEngine(
-            bind,
+            _sync_bind(bind),
             timeout=timeout,
             pool_size=pool_size,
             what="ticket server",
