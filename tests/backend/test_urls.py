@@ -82,7 +82,7 @@ def test_the_embedded_default_on_a_shared_in_memory_database(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    engine = sa.create_engine(SHARED.format(name="edges_app"))
+    engine = sa.create_engine(SHARED.format(name="edges_app"), poolclass=sa.pool.StaticPool)
     keep = engine.connect()  # a shared in-memory database lives while a connection does
     Base.metadata.create_all(engine)
     try:
