@@ -24,6 +24,8 @@ from sqlalchemy.orm import Mapper, Session, UOWTransaction
 from sqlalchemy.sql.schema import ColumnDefault
 from sqlalchemy.util.concurrency import await_only, in_greenlet
 
+from .errors import TicketsError
+
 EngineGetter = Callable[[], Engine]
 
 __all__ = ["AssignedIdType"]
@@ -151,16 +153,39 @@ def _assign_ids(session: Session, flush_context: UOWTransaction, instances: Any)
 
 
 def _engine_getter(session: Session, mapper: Mapper[Any]) -> EngineGetter:
-    """The engine rows of ``mapper`` go to, looked up only if a source needs it."""
+    """The engine rows of ``mapper`` go to, looked up only if a source needs it (only the
+    embedded default does)."""
     found: list[Engine] = []
 
     def engine() -> Engine:
         if not found:
+            _refuse_sharded(session, mapper)
             bind = session.get_bind(mapper)
             found.append(bind.engine if isinstance(bind, Connection) else bind)
         return found[0]
 
     return engine
+
+
+def _refuse_sharded(session: Session, mapper: Mapper[Any]) -> None:
+    """Refuse the embedded default (and a ``SnowflakeId`` lease beside the data) under a
+    ``ShardedSession``.
+
+    Its rows go to many databases, and the embedded default counts in the database it is
+    given: asked without an instance (the ids are not there yet), a shard chooser either
+    fails or names one shard, and nothing makes every process pick the same one, so ids would
+    repeat across shards. Only a source shared by every shard keeps them unique.
+    """
+    # Only a program that imported horizontal_shard can have a ShardedSession: never import it.
+    module = sys.modules.get("sqlalchemy.ext.horizontal_shard")
+    if module is not None and isinstance(session, module.ShardedSession):
+        raise TicketsError(
+            f"{mapper.class_.__name__}: under a ShardedSession, ids must come from a source "
+            "shared by every shard, and none is configured (the embedded default would keep "
+            "its counters on whichever shard the chooser names, and ids would repeat across "
+            "shards); call sqlalchemy_tickets.configure(url or source) or pass "
+            "TicketId(source=...) (SnowflakeId: worker_lease=URL or worker_id=N)"
+        )
 
 
 def _off_the_loop(fn: Callable[..., list[Any]], *args: Any) -> list[Any]:
