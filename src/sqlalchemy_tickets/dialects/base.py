@@ -398,6 +398,11 @@ class TicketBackend:
         """Whether a DBAPI error says the ticket table does not exist."""
         raise NotImplementedError
 
+    def refuses_transactions(self, error: BaseException | None) -> bool:
+        """Whether a DBAPI error says the server refuses transaction blocks (a connection
+        pooler that hands out each statement on its own)."""
+        return False
+
     def is_retryable(self, error: BaseException) -> bool:
         """Whether a DBAPI error of this backend's driver is one a retry can cure: a lost or
         refused connection, a timeout, a deadlock, a serialization failure."""

@@ -128,6 +128,11 @@ class PostgreSQLBackend(ReturningBackend):
             type(error).__module__.startswith(_DRIVER_MODULES)
         )
 
+    def refuses_transactions(self, error: BaseException | None) -> bool:
+        # PgBouncer in statement pooling answers BEGIN with a protocol violation and closes.
+        code = getattr(error, "sqlstate", None)
+        return code == "08P01" and "transaction blocks not allowed" in str(error)
+
     def is_missing_table(self, error: BaseException) -> bool:
         code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
         return code == "42P01"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import weakref
@@ -145,6 +146,8 @@ class TicketServer:
         self.start_above: Callable[[TicketTable], int] | None = None
         self.backend: TicketBackend = self.own.backend
         self.engine: Engine = self.own.engine
+        #: Whether the database takes transaction blocks (PgBouncer in statement pooling does not).
+        self._transactions = True
         self._reset_state()
         _servers.add(self)
 
@@ -212,23 +215,38 @@ class TicketServer:
         check_stride(start, inc, off, check_bits(bits))
         table = ticket_table(sequence, bits, self.table_template)
         spec = TableSpec(table, start, inc, off, self.storage_engine)
-        for attempt in (1, 2):
+        for attempt in (1, 2, 3):
             try:
                 with self.own.connect() as conn:
                     # Created and seeded as one step for every other client: nobody sees the
                     # table without its row, and concurrent creators wait for each other.
-                    with self.backend.creating(conn, table, self.timeout):
+                    # Behind PgBouncer in statement pooling, which refuses transaction blocks,
+                    # each statement on its own (the IntegrityError case below covers races).
+                    guard = (
+                        self.backend.creating(conn, table, self.timeout)
+                        if self._transactions
+                        else contextlib.nullcontext()
+                    )
+                    with guard:
                         self.backend.check_create(conn, spec)
                         for statement in self.backend.create_statements(spec):
                             conn.execute(statement)
                 break
             except sa_exc.IntegrityError:
                 # PostgreSQL: a CREATE TABLE of the same table by a client that does not take
-                # the creation lock (a migration) won the race; the second attempt finds it.
-                if attempt == 2:
+                # the creation lock (a migration) won the race; the next attempt finds it.
+                if attempt == 3:
                     raise
                 logger.debug("%s created concurrently", table.name)
-            except sa_exc.DBAPIError as error:
+            except (sa_exc.DBAPIError, TicketServerUnavailable) as error:
+                orig = getattr(error, "orig", None) or getattr(error.__cause__, "orig", None)
+                if self._transactions and self.backend.refuses_transactions(orig):
+                    logger.info("%s refuses transaction blocks (PgBouncer in statement "
+                                "pooling?): creating %s statement by statement", self, table.name)
+                    self._transactions = False
+                    continue
+                if isinstance(error, TicketServerUnavailable):
+                    raise
                 raise self.own.unavailable(error) from error
         logger.info("created ticket table %s on %s", table.name, self)
 
