@@ -40,16 +40,22 @@ def smoke_runs(
 
     def run(name: str, out: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
         command = [sys.executable, str(BENCH_DIR / f"{name}.py"), "--smoke", "--out", str(out)]
-        done = subprocess.run(
-            command,
-            cwd=BENCH_DIR.parent,
-            env=env,
-            text=True,
-            timeout=TIMEOUT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            check=False,
-        )
+        for _ in range(2):
+            done = subprocess.run(
+                command,
+                cwd=BENCH_DIR.parent,
+                env=env,
+                text=True,
+                timeout=TIMEOUT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                check=False,
+            )
+            # On a heavily loaded machine a fresh database's first contact (CREATE TABLE) can
+            # outlast the embedded default's 2 s wait: that is load, not a script that rotted,
+            # so such a run gets one second chance; any other failure counts at once.
+            if done.returncode == 0 or "TicketServerUnavailable" not in done.stdout:
+                break
         return done, out
 
     with ThreadPoolExecutor(max_workers=AT_ONCE) as pool:
