@@ -462,7 +462,9 @@ class CachedSource:
         earned = max(
             self.min_block,
             math.ceil(lane.issued * self.waste_ratio),
-            math.ceil(lane.rate * lane.latency * 4),
+            # A refill's latency, and the rate estimate's own lag (it is measured over
+            # RATE_INTERVAL): a step in the rate is met from what is held.
+            math.ceil(lane.rate * max(lane.latency * 4, 3 * RATE_INTERVAL)),
         )
         return max(1, min(earned, self._budget(lane)))
 
