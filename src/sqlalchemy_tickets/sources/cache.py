@@ -103,8 +103,9 @@ class CachedSource:
             Everything counts: the ids ready, the blocks taken ahead, the refill in flight,
             and what a large ``next_block`` asked for (it gets fewer rather than pass it).
         waste_ratio: the most ids held ahead of need, as a share of the ids this cache has
-            issued so far (never less than ``min_block``, nor than four refill latencies of
-            ids at the current rate, so that refills still land before the lane runs dry). A
+            issued so far (never less than ``min_block``, nor than the ids needed at the
+            current rate for four refill latencies or three rate intervals, whichever is
+            longer, so that refills still land before the lane runs dry). A
             process that exits soon after a burst burns about this share of what it used, not
             ``max_block``: a burst sizes blocks for minutes of ids only once the cache has
             issued enough for those to be a small share.
