@@ -103,9 +103,8 @@ class CachedSource:
             Everything counts: the ids ready, the blocks taken ahead, the refill in flight,
             and what a large ``next_block`` asked for (it gets fewer rather than pass it).
         waste_ratio: the most ids held ahead of need, as a share of the ids this cache has
-            issued so far (never less than ``min_block``, nor than the ids needed at the
-            current rate for four refill latencies or three rate intervals, whichever is
-            longer, so that refills still land before the lane runs dry). A
+            issued so far (never less than ``min_block``, nor than four refill latencies of
+            ids at the current rate, so that refills still land before the lane runs dry). A
             process that exits soon after a burst burns about this share of what it used, not
             ``max_block``: a burst sizes blocks for minutes of ids only once the cache has
             issued enough for those to be a small share.
@@ -463,9 +462,7 @@ class CachedSource:
         earned = max(
             self.min_block,
             math.ceil(lane.issued * self.waste_ratio),
-            # A refill's latency, and the rate estimate's own lag (it is measured over
-            # RATE_INTERVAL): a step in the rate is met from what is held.
-            math.ceil(lane.rate * max(lane.latency * 4, 3 * RATE_INTERVAL)),
+            math.ceil(lane.rate * lane.latency * 4),
         )
         return max(1, min(earned, self._budget(lane)))
 
