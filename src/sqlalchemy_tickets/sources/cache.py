@@ -104,7 +104,8 @@ class CachedSource:
             and what a large ``next_block`` asked for (it gets fewer rather than pass it).
         waste_ratio: the most ids held ahead of need, as a share of the ids this cache has
             issued so far (never less than ``min_block``, nor than four refill latencies of
-            ids at the current rate, so that refills still land before the lane runs dry). A
+            ids at the current rate up to twice this share, so that refills still land before
+            the lane runs dry). A
             process that exits soon after a burst burns about this share of what it used, not
             ``max_block``: a burst sizes blocks for minutes of ids only once the cache has
             issued enough for those to be a small share.
@@ -459,10 +460,14 @@ class CachedSource:
         short-lived process burns a share of what it used), enough to cover a refill's
         latency at the current rate (so a refill lands before the lane runs dry), within
         the waste budget."""
+        # The latency term follows the measured rate, which a single large flush (or a slow,
+        # loaded server) can drive far up; capping it at twice the share keeps what an exit
+        # burns a bounded share of what was used, whatever the rate estimate says.
+        share = lane.issued * self.waste_ratio
         earned = max(
             self.min_block,
-            math.ceil(lane.issued * self.waste_ratio),
-            math.ceil(lane.rate * lane.latency * 4),
+            math.ceil(share),
+            min(math.ceil(lane.rate * lane.latency * 4), math.ceil(2 * share)),
         )
         return max(1, min(earned, self._budget(lane)))
 
