@@ -34,13 +34,15 @@ from ulid import ULID
 from sqlalchemy_tickets import UUID7, ObjectId, PrefixedId, SnowflakeId
 
 NAME = "bench_generators"
+# uuid_utils' integer-only entry point where the installed release has it (not 0.10-0.12).
+_uuid7_int = getattr(uuid_utils, "_uuid7_int", None) or (lambda: uuid_utils.uuid7().int)
 _set_int, _set_safe = uuid.UUID.__dict__["int"].__set__, uuid.UUID.__dict__["is_safe"].__set__
 
 
 def uuid7_floor() -> uuid.UUID:
     """uuid_utils' integer wrapped in the cheapest possible ``uuid.UUID``."""
     u: uuid.UUID = object.__new__(uuid.UUID)
-    _set_int(u, uuid_utils._uuid7_int())  # type: ignore[attr-defined]
+    _set_int(u, _uuid7_int())
     _set_safe(u, uuid.SafeUUID.unknown)
     return u
 

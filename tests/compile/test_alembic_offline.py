@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,7 +133,10 @@ def test_flickr_pair_example_offline(dialect: str, offset: int) -> None:
         ) in sql
     assert "CONSTRAINT stub UNIQUE (stub)" in sql
     if dialect == "mysql":
-        assert f"ENGINE=InnoDB AUTO_INCREMENT={offset};" in sql
+        # SQLAlchemy 2.0 writes the table options in another order than 2.1; both mean the same.
+        assert re.search(
+            rf"(ENGINE=InnoDB AUTO_INCREMENT={offset}|AUTO_INCREMENT={offset} ENGINE=InnoDB);", sql
+        ), sql
     assert NAMED_CREATE[dialect] in sql
     assert seed_insert(dialect, offset - 2, 2, offset) in sql
     # Flickr's tables come first, so that the online stride check runs before anything exists.

@@ -9,9 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# The docs toolchain is not part of the package: pymdown-extensions >= 13 needs Python >= 3.11.5,
+# and what resolves on 3.10 breaks Material's highlighting. The newest-versions run builds the site.
+@pytest.mark.skipif(
+    sys.version_info < (3, 11, 5), reason="the docs toolchain needs Python >= 3.11.5"
+)
 def test_mkdocs_build_strict(tmp_path: Path) -> None:
     site = tmp_path / "site"
     done = subprocess.run(
