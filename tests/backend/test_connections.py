@@ -18,6 +18,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import version
 from typing import Any
 
 import pytest
@@ -87,6 +88,10 @@ def bouncer(pgbouncer: Callable[[str], PgBouncer]) -> PgBouncer:  # noqa: F811
 # -- PgBouncer: every database client of the library -----------------------------------------
 
 
+def _psycopg_version() -> tuple[int, ...]:
+    return tuple(int(part) for part in version("psycopg").split(".")[:2])
+
+
 @pytest.mark.parametrize("pool_mode", ["transaction", "statement"])
 @pytest.mark.parametrize("bind", ["url", "engine"])
 def test_ticket_server_behind_pgbouncer(
@@ -97,6 +102,10 @@ def test_ticket_server_behind_pgbouncer(
 ) -> None:
     """6 threads x 150 ``next_id`` through PgBouncer: every call answers, no id twice. Given an
     engine, it is one set up for PgBouncer as psycopg documents."""
+    if pool_mode == "statement" and _psycopg_version() < (3, 3):
+        # Seen with psycopg 3.1.0 (the lowest declared): PgBouncer refuses a transaction block
+        # in statement pooling; psycopg 3.3 works. docs/connections.md states the limit.
+        pytest.skip("statement pooling is supported from psycopg 3.3 on")
     url = pgbouncer(pool_mode).url(postgresql_url)
     app = sa.create_engine(url, connect_args={"prepare_threshold": None})
     server = TicketServer(app if bind == "engine" else url)
