@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from .app_types import UUID7, ObjectId, PrefixedId, SnowflakeId
+from .columns import UUID7, ObjectId, PrefixedId, SnowflakeId, TicketId
 from .errors import (
     CommitOutcomeUnknownError,
     DatabaseUnavailable,
@@ -22,7 +22,6 @@ from .prefix_lookup import async_lookup, lookup
 from .retry import async_retry_session, is_retryable, retry_session
 from .sources import CachedSource, TicketServer, TicketServers, TicketSource, configure
 from .timeouts import apply_timeouts
-from .types import TicketId
 
 try:
     __version__ = version("sqlalchemy-tickets")

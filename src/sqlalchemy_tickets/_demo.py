@@ -7,9 +7,9 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from .columns import TicketId
 from .sources.default import embedded_source
 from .sources.server import TicketServer
-from .types import TicketId
 
 
 class _Base(DeclarativeBase):

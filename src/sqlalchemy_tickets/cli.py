@@ -52,7 +52,7 @@ from .admin import (
 )
 from .dialects import backend_for
 from .errors import TicketsError, UnknownSequenceError
-from .generators.lease import create_lease_table
+from .sources.lease import create_lease_table
 from .sources.server import TicketServer
 from .sources.servers import TicketServers
 

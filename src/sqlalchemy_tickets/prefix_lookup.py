@@ -40,7 +40,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Mapper, Session, configure_mappers, scoped_session
 from sqlalchemy.orm import registry as Registry
 
-from .app_types import PrefixedId
+from .columns import PrefixedId
 from .errors import TicketsError
 from .generators.prefixed import _pattern, show, split
 

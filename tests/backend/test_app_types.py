@@ -13,7 +13,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqlalchemy_tickets import TicketsError
-from sqlalchemy_tickets.app_types import UUID7, ObjectId, PrefixedId, SnowflakeId
+from sqlalchemy_tickets.columns import UUID7, ObjectId, PrefixedId, SnowflakeId
 from sqlalchemy_tickets.generators import WorkerLease
 
 

@@ -38,8 +38,8 @@ from sqlalchemy_tickets import (
 )
 from sqlalchemy_tickets.admin import sequence_status, table_max
 from sqlalchemy_tickets.cli import main as cli_main
-from sqlalchemy_tickets.generators.lease import WorkerLease
 from sqlalchemy_tickets.sources.default import embedded_source
+from sqlalchemy_tickets.sources.lease import WorkerLease
 from support.pgbouncer import PgBouncer, pgbouncer  # noqa: F401 - the fixture
 from support.proxy import TcpProxy
 

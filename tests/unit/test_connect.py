@@ -14,8 +14,8 @@ from sqlalchemy import event
 
 from sqlalchemy_tickets import TicketsError, TicketServer
 from sqlalchemy_tickets.dialects._connect import OwnEngine
-from sqlalchemy_tickets.generators.lease import WorkerLease
 from sqlalchemy_tickets.sources.default import embedded_source
+from sqlalchemy_tickets.sources.lease import WorkerLease
 
 
 def _hooked(url: str) -> tuple[sa.Engine, list[str]]:

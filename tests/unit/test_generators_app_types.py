@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from sqlalchemy_tickets import TicketsError
-from sqlalchemy_tickets.app_types import UUID7, ObjectId, PrefixedId, SnowflakeId
+from sqlalchemy_tickets.columns import UUID7, ObjectId, PrefixedId, SnowflakeId
 
 
 class Base(DeclarativeBase):

@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from sqlalchemy_tickets import TicketsError
-from sqlalchemy_tickets.app_types import ObjectId
+from sqlalchemy_tickets.columns import ObjectId
 from sqlalchemy_tickets.generators import ObjectIdGenerator, check_object_id, object_id_time
 
 START_S = 1_700_000_000

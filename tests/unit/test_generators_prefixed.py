@@ -13,7 +13,7 @@ from typeid import TypeID
 from ulid import ULID
 
 from sqlalchemy_tickets import TicketsError
-from sqlalchemy_tickets.app_types import PrefixedId
+from sqlalchemy_tickets.columns import PrefixedId
 from sqlalchemy_tickets.generators import PrefixedIdGenerator, check_prefix, parse_prefixed
 from sqlalchemy_tickets.generators.prefixed import ALPHABET, decode_base32, encode_base32
 

@@ -41,12 +41,12 @@ from alembic.operations import ops
 from sqlalchemy.engine import URL
 
 from .._naming import DEFAULT_TABLE_TEMPLATE, TicketTable, ticket_table
+from ..columns import TicketId
 from ..dialects import backend_for
 from ..errors import TicketsError
 from ..sources.cache import CachedSource
 from ..sources.default import configured_source
 from ..sources.server import TicketServer
-from ..types import TicketId
 from .ops import CreateTicketTableOp
 
 __all__ = ["include_object", "is_ticket_table_name", "ticket_tables"]

@@ -18,7 +18,7 @@ from alembic.operations import Operations
 
 from ..dialects import backend_for
 from ..dialects.base import TableSpec, TicketBackend, last_id_below
-from ..generators.lease import drop_lease_table_statements, lease_table_statements
+from ..sources.lease import drop_lease_table_statements, lease_table_statements
 from .ops import (
     CreateTicketTableOp,
     CreateWorkerLeaseTableOp,

@@ -1,11 +1,12 @@
 """Ids computed in the application, no database round trip: Snowflake, UUIDv7, prefixed
 (ULID / TypeID) and MongoDB ObjectIds. The column types wrapping them live in
-``sqlalchemy_tickets.app_types``; worker-id leases for Snowflake in :mod:`.lease`.
+:mod:`sqlalchemy_tickets.columns`; worker-id leases for Snowflake (which need a database) in
+:mod:`sqlalchemy_tickets.sources.lease`, re-exported here.
 """
 
 from __future__ import annotations
 
-from .lease import (
+from ..sources.lease import (
     DEFAULT_LEASE_TABLE,
     LeaseGrant,
     LeaseRow,

@@ -24,7 +24,8 @@ Guarantees of one :class:`SnowflakeGenerator`:
   long costs one request a few milliseconds; waiting out a 128 ms+ step would stall every
   writer, so that is an error an operator should see. 5 ms is also Meituan Leaf's threshold.
 
-Worker ids come from the caller (``worker_id=``) or from a :class:`~.lease.WorkerLease`
+Worker ids come from the caller (``worker_id=``) or from a
+:class:`~sqlalchemy_tickets.sources.lease.WorkerLease`
 (``lease=``), acquired on first use and renewed by a heartbeat thread; a leased generator issues
 only timestamps above the worker's recorded past and below its renewed bound (see ``lease``).
 
@@ -55,7 +56,7 @@ from typing import NamedTuple
 
 from .. import _process
 from ..errors import ExhaustedError, TicketsError
-from .lease import Heartbeat, LeaseGrant, WorkerLease
+from ..sources.lease import Heartbeat, LeaseGrant, WorkerLease
 
 __all__ = [
     "TWITTER_EPOCH_MS",

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Mapper, Session, UOWTransaction
 from sqlalchemy.sql.schema import ColumnDefault
 from sqlalchemy.util.concurrency import await_only, in_greenlet
 
-from .errors import TicketsError
+from ..errors import TicketsError
 
 EngineGetter = Callable[[], Engine]
 

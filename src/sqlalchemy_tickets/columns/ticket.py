@@ -1,4 +1,4 @@
-"""Column types whose values are primary keys chosen before the INSERT."""
+"""``TicketId``: an integer key drawn from a ticket sequence (a source), before the INSERT."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.types import TypeDecorator
 
-from ._naming import check_bits, normalize_sequence
-from .flush import AssignedIdType, EngineGetter
-from .sources.base import TicketSource, take
-from .sources.default import resolve
+from .._naming import check_bits, normalize_sequence
+from ..sources.base import TicketSource, take
+from ..sources.default import resolve
+from ._assign import AssignedIdType, EngineGetter
 
 __all__ = ["TicketId"]
 
@@ -37,7 +37,7 @@ class TicketId(AssignedIdType, TypeDecorator[int]):
         self.bits = check_bits(bits)
         self.sequence = normalize_sequence(sequence)
         if source is not None and not isinstance(source, TicketSource):
-            from .errors import TicketsError
+            from ..errors import TicketsError
 
             raise TicketsError(f"{source!r} is not a ticket source (needs next_id, next_block)")
         self.source = source
