@@ -1,5 +1,7 @@
 """``TicketId`` under SQLAlchemy's ``ShardedSession``: three shard databases, a shard chooser that
-shards by ``instance.id % 3``, so the ids must be on the objects before the chooser runs."""
+shards by ``instance.id % 3``, so the ids must be on the objects before the chooser runs.
+(``tests/examples/test_sharding_example.py`` runs the example that also moves rows between
+shards through a directory.)"""
 
 from __future__ import annotations
 
@@ -12,11 +14,19 @@ import sqlalchemy as sa
 from sqlalchemy.ext.horizontal_shard import ShardedSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from sqlalchemy_tickets import CachedSource, TicketId, TicketsError, TicketServer, configure
+from sqlalchemy_tickets import (
+    CachedSource,
+    SnowflakeId,
+    TicketId,
+    TicketsError,
+    TicketServer,
+    TicketServers,
+    configure,
+)
 from sqlalchemy_tickets.sources.base import TicketSource
 
 SHARDS = 3
-SHARD_BACKENDS = ["sqlite", "postgresql"]
+SHARD_BACKENDS = ["sqlite", "postgresql", "mysql"]
 
 
 def _model(source: TicketSource | None) -> tuple[type[DeclarativeBase], Any]:
@@ -67,21 +77,22 @@ def _nothing_configured() -> Iterator[None]:
 class Chooser:
     """SQLAlchemy's example chooser (``instance.id % 3``), checking that the id is already set."""
 
-    def __init__(self) -> None:
+    def __init__(self, shards: int = SHARDS) -> None:
         self.seen: list[int] = []
+        self.shards = shards
 
     def __call__(self, mapper: Any, instance: Any, clause: Any = None, **kw: Any) -> str:
         assert instance is not None, "shard chooser asked without an instance"
         assert isinstance(instance.id, int), "id not assigned before the shard chooser ran"
         self.seen.append(instance.id)
-        return str(instance.id % SHARDS)
+        return str(instance.id % self.shards)
 
 
 def _session(shards: dict[str, sa.Engine], chooser: Any) -> ShardedSession:
     return ShardedSession(
         shards=shards,
         shard_chooser=chooser,
-        identity_chooser=lambda mapper, primary_key, **kw: [str(primary_key[0] % SHARDS)],
+        identity_chooser=lambda mapper, primary_key, **kw: [str(primary_key[0] % len(shards))],
         execute_chooser=lambda context: list(shards),
         expire_on_commit=False,
     )
@@ -174,3 +185,74 @@ def test_nothing_configured_refuses_before_writing(
     stored = _stored(shards)
     assert sum(len(found) for found in stored.values()) == 5
     assert all(i % SHARDS == int(name) for name, found in stored.items() for i in found)
+
+
+@pytest.mark.parametrize("n_shards", [2, 3])
+def test_pair_of_servers_feeds_shards_by_stride(
+    n_shards: int, shard_backend: str, make_database: Callable[[str], str]
+) -> None:
+    """A pair of ticket servers (odd, even) behind ``id % N``: with N = 3 every shard gets ids
+    of both servers; with N = 2 (a factor shared with the stride) each shard gets the ids of
+    one server only, so losing that server would stop every new row on its shard."""
+    engines = {str(n): sa.create_engine(make_database(shard_backend)) for n in range(n_shards)}
+    pair = TicketServers([make_database(shard_backend), make_database(shard_backend)])
+    base, photo = _model(pair)
+    try:
+        for engine in engines.values():
+            base.metadata.create_all(engine)
+        chooser = Chooser(n_shards)
+        for flush in range(8):  # uncached, each flush takes its block from the next server
+            with _session(engines, chooser) as session:
+                session.add_all([photo(title=f"{flush}-{n}") for n in range(6)])
+                session.commit()
+        stored = _stored(engines)
+        ids = [i for found in stored.values() for i in found]
+        assert len(ids) == 48 and len(set(ids)) == 48 and sorted(chooser.seen) == sorted(ids)
+        parities = {name: {i % 2 for i in found} for name, found in stored.items()}
+        if n_shards == 3:
+            assert parities == {name: {0, 1} for name in engines}
+        else:
+            assert parities == {"0": {0}, "1": {1}}  # shard 0: even server only
+    finally:
+        pair.dispose()
+        for engine in engines.values():
+            engine.dispose()
+
+
+@pytest.mark.parametrize("configured", [False, True], ids=["lease_beside_data", "worker_id"])
+def test_snowflake_under_sharded_session(
+    configured: bool, shards: dict[str, sa.Engine]
+) -> None:
+    """A ``SnowflakeId`` leasing its worker id beside the data has no one database to lease
+    from under a ``ShardedSession``: refused before anything is written. With a worker id,
+    the ids are on the objects before the chooser runs."""
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Event(Base):
+        __tablename__ = "photos"
+        id: Mapped[int] = mapped_column(
+            SnowflakeId(worker_id=7 if configured else None), primary_key=True
+        )
+        title: Mapped[str] = mapped_column(sa.String(50))
+
+    for engine in shards.values():
+        Base.metadata.create_all(engine)
+    chooser = Chooser()
+    with _session(shards, chooser) as session:
+        session.add_all([Event(title=f"e{n}") for n in range(9)])
+        if not configured:
+            with pytest.raises(TicketsError, match=r"ShardedSession.*worker_id=N"):
+                session.flush()
+            assert chooser.seen == []
+            assert _tables(shards) == {name: {"photos"} for name in shards}
+        else:
+            session.commit()
+    stored = _stored(shards)
+    if configured:
+        ids = [i for found in stored.values() for i in found]
+        assert len(set(ids)) == 9 and sorted(chooser.seen) == sorted(ids)
+        assert all(i % SHARDS == int(name) for name, found in stored.items() for i in found)
+    else:
+        assert stored == {name: [] for name in shards}
