@@ -20,7 +20,14 @@ from .errors import (
 )
 from .prefix_lookup import async_lookup, lookup
 from .retry import async_retry_session, is_retryable, retry_session
-from .sources import CachedSource, TicketServer, TicketServers, TicketSource, configure
+from .sources import (
+    CachedSource,
+    DatacenterTier,
+    TicketServer,
+    TicketServers,
+    TicketSource,
+    configure,
+)
 from .timeouts import apply_timeouts
 
 try:
@@ -33,6 +40,7 @@ __all__ = [
     "CachedSource",
     "CommitOutcomeUnknownError",
     "DatabaseUnavailable",
+    "DatacenterTier",
     "ExhaustedError",
     "ObjectId",
     "PrefixedId",

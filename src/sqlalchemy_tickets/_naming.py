@@ -120,3 +120,35 @@ def check_stride(start: int, increment: int, offset: int, bits: int) -> None:
         )
     if start < 1 or first_id(start, increment, offset) > max_id(bits):
         raise TicketsError(f"start must be between 1 and {max_id(bits)}, not {start}")
+
+
+#: Where a :class:`~sqlalchemy_tickets.sources.datacenter.DatacenterTier` keeps its stock: two
+#: tables named ``<prefix>__stock`` and ``<prefix>__state``. A single underscore after
+#: ``tickets`` keeps them apart from every sequence table of the default template
+#: (``tickets__<letter>…``), as the worker-lease table (``tickets_worker_leases``) is.
+DEFAULT_TIER_PREFIX = "tickets_dc"
+
+
+@dataclass(frozen=True)
+class TierTables:
+    """The names of a datacenter tier's two tables."""
+
+    stock: str
+    state: str
+
+
+def tier_tables(prefix: str = DEFAULT_TIER_PREFIX) -> TierTables:
+    """The table names of a datacenter tier whose tables start with ``prefix`` (validated)."""
+    if not isinstance(prefix, str) or not _TABLE_RE.match(prefix):
+        raise TicketsError(f"invalid tier table prefix {prefix!r}: use a plain identifier")
+    if len(prefix) + len("__stock") > MAX_TABLE_NAME_LENGTH:
+        raise TicketsError(
+            f"tier table prefix {prefix!r} is too long: at most "
+            f"{MAX_TABLE_NAME_LENGTH - len('__stock')} characters"
+        )
+    if prefix.lower().startswith("tickets__"):
+        raise TicketsError(
+            f"tier table prefix {prefix!r} would make names of the form of sequence tables "
+            "(tickets__<sequence>); use e.g. 'tickets_dc'"
+        )
+    return TierTables(stock=f"{prefix}__stock", state=f"{prefix}__state")

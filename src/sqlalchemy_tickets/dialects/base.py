@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Dialect
 
-from .._naming import TicketTable, first_id
+from .._naming import MAX_SEQUENCE_LENGTH, TicketTable, TierTables, first_id
 from ..errors import TicketsError
 
 # Backend modules are imported lazily: a SQLite user need not have psycopg installed.
@@ -358,6 +358,78 @@ class TicketBackend:
         every other client: concurrent creators wait for each other, and no reader sees the
         table without its row where the database allows it. Waits at most ``timeout`` s."""
         yield
+
+    # -- datacenter tiers ----------------------------------------------------------------
+
+    def tier_tables(
+        self, names: TierTables, metadata: sa.MetaData | None = None
+    ) -> tuple[sa.Table, sa.Table]:
+        """The Core tables of a datacenter tier: its stock of id ranges, and one state row per
+        (sequence, bits). See ``sources/datacenter.py`` for what each column means."""
+        metadata = metadata if metadata is not None else sa.MetaData()
+        options = self.tier_table_options()
+        stock = sa.Table(
+            names.stock,
+            metadata,
+            sa.Column("sequence_name", sa.String(MAX_SEQUENCE_LENGTH), primary_key=True),
+            sa.Column("bits", sa.SmallInteger, primary_key=True, autoincrement=False),
+            # 0: given back, 1: never issued. The key's order is the order ids go out in:
+            # ranges given back first, then upwards.
+            sa.Column("kind", sa.SmallInteger, primary_key=True, autoincrement=False),
+            sa.Column("first_id", sa.BigInteger, primary_key=True, autoincrement=False),
+            sa.Column("last_id", sa.BigInteger, nullable=False),
+            sa.Column("step", sa.Integer, nullable=False),
+            comment="sqlalchemy-tickets: datacenter tier, ranges of ids in stock",
+            **options,
+        )
+        state = sa.Table(
+            names.state,
+            metadata,
+            sa.Column("sequence_name", sa.String(MAX_SEQUENCE_LENGTH), primary_key=True),
+            sa.Column("bits", sa.SmallInteger, primary_key=True, autoincrement=False),
+            sa.Column("stock", sa.BigInteger, nullable=False, server_default="0"),
+            sa.Column("issued", sa.BigInteger, nullable=False, server_default="0"),
+            sa.Column("given_back", sa.BigInteger, nullable=False, server_default="0"),
+            sa.Column("refills", sa.BigInteger, nullable=False, server_default="0"),
+            sa.Column("refilled", sa.BigInteger, nullable=False, server_default="0"),
+            sa.Column("rate", sa.Double, nullable=False, server_default="0"),
+            sa.Column("rate_at", sa.BigInteger, nullable=False, server_default="0"),
+            sa.Column("rate_count", sa.BigInteger, nullable=False, server_default="0"),
+            sa.Column("claim_owner", sa.String(64), nullable=False, server_default=""),
+            sa.Column("claim_until", sa.BigInteger, nullable=False, server_default="0"),
+            sa.Column("refilled_at", sa.BigInteger, nullable=False, server_default="0"),
+            sa.Column("exhausted", sa.SmallInteger, nullable=False, server_default="0"),
+            comment="sqlalchemy-tickets: datacenter tier, stock, rate and refill claim",
+            **options,
+        )
+        return stock, state
+
+    def tier_table_options(self) -> dict[str, Any]:
+        """Dialect options of a datacenter tier's tables (MySQL: a transactional engine)."""
+        return {}
+
+    def tier_statements(self, names: TierTables) -> list[sa.sql.Executable]:
+        """DDL creating a datacenter tier's tables, safe to run when they exist."""
+        return [sa.schema.CreateTable(t, if_not_exists=True) for t in self.tier_tables(names)]
+
+    def drop_tier_statements(self, names: TierTables) -> list[sa.sql.Executable]:
+        return [sa.schema.DropTable(t, if_exists=True) for t in reversed(self.tier_tables(names))]
+
+    @contextmanager
+    def transaction(self, connection: sa.Connection, timeout: float) -> Iterator[None]:
+        """One transaction on an autocommit ``connection`` that writes: committed when the
+        block ends, rolled back if it raises. Row locks are waited for at most ``timeout`` s
+        where the database can say so (elsewhere the connection's own bound cuts the wait)."""
+        connection.exec_driver_sql("BEGIN")
+        try:
+            yield
+        except BaseException:
+            try:
+                connection.exec_driver_sql("ROLLBACK")
+            except Exception:  # the connection is gone: so is its transaction
+                pass
+            raise
+        connection.exec_driver_sql("COMMIT")
 
     # -- round trips ---------------------------------------------------------------------
 

@@ -135,6 +135,10 @@ class MySQLBackend(TicketBackend):
             except Exception:  # a dropped connection releases its locks itself
                 pass
 
+    def tier_table_options(self) -> dict[str, Any]:
+        # Row locks and atomic commits: a take and its state row move together.
+        return {"mysql_engine": "InnoDB", "mariadb_engine": "InnoDB"}
+
     def stride_of(self, t: sa.Table) -> tuple[sa.ColumnElement[int], sa.ColumnElement[int]]:
         if "increment" in t.c:
             return t.c.increment, t.c.offset

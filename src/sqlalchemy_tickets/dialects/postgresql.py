@@ -98,21 +98,19 @@ class PostgreSQLBackend(ReturningBackend):
         # DDL is transactional here: the table and its row appear together at COMMIT, and
         # the advisory lock makes a concurrent creator wait instead of failing on the
         # catalog (`type "tickets__…" already exists`).
-        connection.exec_driver_sql("BEGIN")
-        try:
-            connection.exec_driver_sql(f"SET LOCAL lock_timeout = {max(1, int(timeout * 1000))}")
+        with self.transaction(connection, timeout):
             connection.execute(
                 sa.text("SELECT pg_advisory_xact_lock(:cls, :key)"),
                 {"cls": _LOCK_CLASS, "key": lock_key(table)},
             )
             yield
-        except BaseException:
-            try:
-                connection.exec_driver_sql("ROLLBACK")
-            except Exception:  # the connection is gone: so is its transaction
-                pass
-            raise
-        connection.exec_driver_sql("COMMIT")
+
+    @contextmanager
+    def transaction(self, connection: sa.Connection, timeout: float) -> Iterator[None]:
+        with super().transaction(connection, timeout):
+            # A row lock held past the timeout is an error here, not a wait for the watchdog.
+            connection.exec_driver_sql(f"SET LOCAL lock_timeout = {max(1, int(timeout * 1000))}")
+            yield
 
     def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
         return postgresql.insert(table).values(**row).on_conflict_do_nothing()

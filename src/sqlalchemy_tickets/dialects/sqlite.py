@@ -100,6 +100,13 @@ class SQLiteBackend(ReturningBackend):
     ) -> Iterator[None]:
         # One write transaction: the table and its row appear together, and a concurrent
         # creator waits for the write lock (the busy timeout) instead of reading between.
+        with self.transaction(connection, timeout):
+            yield
+
+    @contextmanager
+    def transaction(self, connection: sa.Connection, timeout: float) -> Iterator[None]:
+        # The write lock up front (the busy timeout bounds the wait): a deferred transaction
+        # that reads, then writes, fails instead of waiting when another writer got in between.
         connection.exec_driver_sql("BEGIN IMMEDIATE")
         try:
             yield
