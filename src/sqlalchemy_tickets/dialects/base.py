@@ -166,6 +166,11 @@ class TicketBackend:
     #: Flickr tables can only carry a stride other than 1/1 where the server supplies it.
     flickr_stride_from_server: ClassVar[bool] = False
 
+    #: Whether a process should queue its own write transactions on one database itself: a
+    #: database whose writers wait for each other by sleeping and polling (SQLite's busy
+    #: handler) lets busy threads starve a writer past its timeout.
+    queue_local_writers: ClassVar[bool] = False
+
     # -- the library's own connections (dialects/_connect.py runs them) -------------------
 
     #: The synchronous driver the library's own engines use when the application's is async.

@@ -39,6 +39,7 @@ def _is_memory(url: URL) -> bool:
 @register_backend("sqlite")
 class SQLiteBackend(ReturningBackend):
     sync_drivername = "sqlite+pysqlite"
+    queue_local_writers = True
 
     def connect_with_timeout(
         self, dialect: Dialect, cargs: Any, cparams: dict[str, Any], seconds: float

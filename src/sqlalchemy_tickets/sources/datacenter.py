@@ -90,8 +90,8 @@ from ..errors import (
     TicketServerUnavailable,
     UnknownSequenceError,
 )
-from ..generators.lease import db_now_ms
 from .base import TicketSource, check_count
+from .lease import db_now_ms
 from .server import _sync_bind
 
 __all__ = [
@@ -349,10 +349,14 @@ class _Lane:
     burned: int = 0
     given_back: int = 0
     blocking_waits: int = 0
+    #: Notified for the refiller (due, closed), and for callers waiting on an empty stock
+    #: (a block stored, a range given back, a refill failed, closed).
     changed: threading.Condition = field(init=False)
+    arrived: threading.Condition = field(init=False)
 
     def __post_init__(self) -> None:
         self.changed = threading.Condition(self.lock)
+        self.arrived = threading.Condition(self.lock)
 
     @property
     def name(self) -> str:
@@ -464,6 +468,7 @@ class DatacenterTier:
 
     def _reset_state(self) -> None:
         self._lock = threading.Lock()
+        self._writing = threading.Lock()
         self._lanes: dict[tuple[str | None, int], _Lane] = {}
         self._closed = threading.Event()
         #: Who this process is in a claim row: host, pid, and a token (pids are reused).
@@ -487,12 +492,15 @@ class DatacenterTier:
         lane = self._lane(sequence, bits)
         check_count(count, lane.bits)
         deadline: float | None = None
+        look = True  # take: at once, then after ids arrived or a look found some
         while True:
             with lane.lock:
                 stored = lane.stored
-            block, exhausted = self._take(lane, count)
-            if block is not None:
-                return block
+            exhausted = False
+            if look:
+                block, exhausted = self._take(lane, count)
+                if block is not None:
+                    return block
             if exhausted:
                 raise ExhaustedError(
                     f"sequence {lane.sequence or f'Tickets{lane.bits}'} has no ids left: the "
@@ -518,11 +526,18 @@ class DatacenterTier:
                     f"refill from {self.upstream!r} arrived{reason}"
                 )
             self._wake(lane)
+            # Woken by a block this process stored, or after a short poll for one stored by
+            # another process: a plain read, which neither locks the state row nor takes a
+            # write lock, so waiting callers do not hold up the refill they wait for.
+            poll_until = min(deadline, now + _POLL)
             with lane.lock:
-                # Woken by a block this process stored, or after a short poll for one stored
-                # by another process.
-                if lane.stored == stored and not self._closed.is_set():
-                    lane.changed.wait(min(_POLL, deadline - now))
+                while lane.stored == stored and not self._closed.is_set():
+                    left = poll_until - time.monotonic()
+                    if left <= 0:
+                        break
+                    lane.arrived.wait(left)
+                arrived = lane.stored != stored
+            look = arrived or self._peek(lane)
 
     def give_back(self, sequence: str | None, ids: range, *, bits: int = 64) -> int:
         """Take back ``ids``, a range this tier issued that nobody used; returns how many were
@@ -574,7 +589,7 @@ class DatacenterTier:
         with lane.lock:
             lane.given_back += taken
             lane.stored += 1
-            lane.changed.notify_all()
+            lane.arrived.notify_all()
         return taken
 
     # -- management ---------------------------------------------------------------------------
@@ -627,6 +642,7 @@ class DatacenterTier:
         for lane in self._distinct_lanes():
             with lane.lock:
                 lane.changed.notify_all()
+                lane.arrived.notify_all()
                 if lane.thread is not None:
                     threads.append(lane.thread)
         deadline = time.monotonic() + self.timeout + self.claim_timeout
@@ -676,6 +692,12 @@ class DatacenterTier:
     @contextmanager
     def _unit(self) -> Iterator[sa.Connection]:
         """One bounded transaction on the tier's database; its errors in the library's terms."""
+        queued = self.backend.queue_local_writers
+        if queued and not self._writing.acquire(timeout=self.timeout):
+            raise TicketServerUnavailable(
+                f"{self}: the database stayed busy with this process's other writers for "
+                f"{self.timeout:g} s"
+            )
         try:
             with self.own.connect() as conn, self.backend.transaction(conn, self.timeout):
                 yield conn
@@ -685,6 +707,9 @@ class DatacenterTier:
             if isinstance(error, sa_exc.IntegrityError):
                 raise
             raise self.own.unavailable(error) from error
+        finally:
+            if queued:
+                self._writing.release()
 
     def _transaction(self, lane: _Lane, work: Any) -> Any:
         """``work(conn)`` in one transaction, creating the tables and the sequence's state row
@@ -708,13 +733,15 @@ class DatacenterTier:
         seed = self.backend.insert_seed(self._state, row)
         for attempt in (1, 2):
             try:
-                with self.own.connect() as conn:
+                with self._unit() as conn:
                     conn.execute(seed)
                 lane.ready = True
                 return
-            except sa_exc.DBAPIError as error:
-                if attempt == 2 or not _missing(self.backend, error):
-                    raise self.own.unavailable(error) from error
+            except _MissingTables:
+                if attempt == 2:
+                    raise TicketServerUnavailable(
+                        f"{self}: the tier's tables went away right after they were created"
+                    ) from None
             if not self.create_missing:
                 raise UnknownSequenceError(
                     f"no datacenter tier tables ({self.names.stock}, {self.names.state}) on "
@@ -782,6 +809,18 @@ class DatacenterTier:
             if outcome["stock"] < max(1, int(target * self.low_water)):
                 self._wake(lane)
         return block, block is None and outcome["exhausted"]
+
+    def _peek(self, lane: _Lane) -> bool:
+        """Whether the stock holds ids (or upstream is exhausted), by a plain read."""
+        state = self._state
+        try:
+            with self.own.connect() as conn:
+                row = conn.execute(
+                    sa.select(state.c.stock, state.c.exhausted).where(*self._state_key(lane))
+                ).one_or_none()
+        except (sa_exc.DBAPIError, DatabaseUnavailable):
+            return True  # the take says what is wrong
+        return row is None or row.stock > 0 or bool(row.exhausted)
 
     def _sample(self, row: Any, issued: int) -> dict[str, Any]:
         """The shared rate's new sample, if one is due (by the database clock)."""
@@ -911,7 +950,7 @@ class DatacenterTier:
             lane.error = error
             lane.failures += 1
             pause = min(self.max_backoff, self.backoff * 2 ** (lane.failures - 1))
-            lane.changed.notify_all()
+            lane.arrived.notify_all()
         (logger.error if final else logger.warning)(
             "%s: refill of %s/%d from upstream failed (%d in a row): %s",
             self, lane.sequence, lane.bits, lane.failures, error,
@@ -1028,19 +1067,19 @@ class DatacenterTier:
             lane.refills += 1
             lane.refilled += n
             lane.stored += 1
-            lane.changed.notify_all()
+            lane.arrived.notify_all()
         return held
 
     def _release(self, lane: _Lane) -> None:
         state = self._state
         try:
-            with self.own.connect() as conn:
+            with self._unit() as conn:
                 conn.execute(
                     sa.update(state)
                     .where(*self._state_key(lane), state.c.claim_owner == self.owner)
                     .values(claim_owner="", claim_until=0)
                 )
-        except (sa_exc.DBAPIError, DatabaseUnavailable) as error:
+        except (sa_exc.DBAPIError, DatabaseUnavailable, _MissingTables) as error:
             # The claim runs out by itself after claim_timeout.
             logger.warning("%s: releasing the refill claim of %s/%d failed: %s",
                            self, lane.sequence, lane.bits, error)
@@ -1048,11 +1087,11 @@ class DatacenterTier:
     def _mark_exhausted(self, lane: _Lane) -> None:
         state = self._state
         try:
-            with self.own.connect() as conn:
+            with self._unit() as conn:
                 conn.execute(
                     sa.update(state).where(*self._state_key(lane)).values(exhausted=1)
                 )
-        except (sa_exc.DBAPIError, DatabaseUnavailable) as error:
+        except (sa_exc.DBAPIError, DatabaseUnavailable, _MissingTables) as error:
             logger.warning("%s: recording that %s/%d is exhausted failed: %s",
                            self, lane.sequence, lane.bits, error)
 
