@@ -124,7 +124,7 @@ def test_a_restart_of_the_embedded_default_burns_at_most_ten_thousand(
 
 def _short_lived(url: str, ticket_url: str, bursts: list[int], queue: Any) -> None:
     """A cron job: ids from a dedicated ticket server (``configure(url)``), rows inserted in
-    bursts, then a normal exit (which gives nothing back: what the cache held is burned)."""
+    bursts, then a normal exit (which gives what the cache held back to the server)."""
     configure(ticket_url)
     engine = sa.create_engine(url)
     Base.metadata.create_all(engine)

@@ -463,6 +463,34 @@ class TicketBackend:
         """The statement :meth:`take_block` runs (see :func:`advance`)."""
         raise NotImplementedError
 
+    def give_back_block(
+        self, cursor: Any, dialect: Dialect, table: TicketTable, ids: range, info: TableInfo
+    ) -> bool:
+        """Move a named table back to before ``ids`` if they are the last ids it issued, in one
+        compare-and-set statement; whether it moved (not when another block was taken since,
+        or the stride changed). Never on Flickr's tables, which ``REPLACE INTO`` clients move
+        without this library."""
+        if table.flickr:
+            return False
+        stmt = self.statement(dialect, table, "give_back", self.give_back_statement)
+        stmt.execute(cursor, last=ids[-1], before=ids.start - ids.step,
+                     increment=info.increment, offset=info.offset)
+        return int(cursor.rowcount) == 1
+
+    def give_back_statement(self, t: sa.Table) -> sa.sql.Executable:
+        """``UPDATE t SET id = :before WHERE id = :last`` (and the stride is still the one the
+        ids were issued with)."""
+        return (
+            sa.update(t)
+            .where(
+                t.c.stub == "a",
+                t.c.id == sa.bindparam("last", type_=sa.BigInteger),
+                t.c.increment == sa.bindparam("increment", type_=sa.Integer),
+                t.c.offset == sa.bindparam("offset", type_=sa.Integer),
+            )
+            .values(id=sa.bindparam("before", type_=sa.BigInteger))
+        )
+
     def advanced_id(self, cursor: Any) -> int | None:
         """The last id of the block just taken, read from the cursor; ``None``: no row moved."""
         raise NotImplementedError

@@ -1,11 +1,16 @@
-"""What a source of ticket ids is: anything with ``next_id`` and ``next_block``."""
+"""What a source of ticket ids is: anything with ``next_id`` and ``next_block`` (and, for
+sources that can take unused ids back, ``give_back``)."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
 from .._naming import check_bits, max_id
 from ..errors import ExhaustedError, TicketsError
+
+logger = logging.getLogger("sqlalchemy_tickets")
 
 
 @runtime_checkable
@@ -20,6 +25,86 @@ class TicketSource(Protocol):
     def next_id(self, sequence: str | None = None, *, bits: int = 64) -> int: ...
 
     def next_block(self, sequence: str | None, count: int, *, bits: int = 64) -> range: ...
+
+
+@runtime_checkable
+class GivesBack(Protocol):
+    """A source that can take back ids it issued and nobody used.
+
+    ``give_back(sequence, ids, bits=bits)`` returns how many of ``ids`` (a ``range`` it issued)
+    it took back: those may be issued again, the others are burned. A source takes a range back
+    only where that can never cause a duplicate, and says ``0`` otherwise (a ticket server whose
+    row moved on since, Flickr's tables shared with ``REPLACE INTO`` clients).
+    """
+
+    def give_back(self, sequence: str | None, ids: range, *, bits: int = 64) -> int: ...
+
+
+def check_ids(ids: object, bits: int) -> range:
+    """Ids given back must be a ``range`` of increasing ids that a ``bits``-wide sequence can
+    hold (an empty one is allowed: nothing to give back)."""
+    if not isinstance(ids, range):
+        raise TicketsError(f"ids given back must be a range, not {type(ids).__name__}")
+    if ids and (ids.step < 1 or ids.start < 1 or ids[-1] > max_id(check_bits(bits))):
+        raise TicketsError(
+            f"{ids!r} cannot have been issued by a {bits}-bit sequence: give back a range of "
+            "increasing ids (step >= 1) between 1 and the sequence's limit"
+        )
+    return ids
+
+
+def give_back_to(source: object, sequence: str | None, ids: range, bits: int = 64) -> int:
+    """Give ``ids`` back to ``source`` if it can take them; how many it took (``0`` when it
+    cannot take ids back, refuses them, or fails: those ids are burned, never reissued here)."""
+    if not ids or not isinstance(source, GivesBack):
+        return 0
+    try:
+        taken = source.give_back(sequence, ids, bits=bits)
+    except TicketsError as error:
+        logger.warning("%r could not take back %d ids of %s/%d: %s",
+                       source, len(ids), sequence or "Tickets", bits, error)
+        return 0
+    if isinstance(taken, bool) or not isinstance(taken, int) or not 0 <= taken <= len(ids):
+        raise TicketsError(
+            f"{source!r}.give_back returned {taken!r} for {len(ids)} ids; it must return how "
+            "many it took back (0 to len(ids))"
+        )
+    return taken
+
+
+def coalesce(blocks: Iterable[range]) -> list[range]:
+    """The ids of ``blocks`` as few ranges as possible: runs that follow on with the same step
+    are merged. In increasing order of their first id (within each step and residue), so that
+    a caller giving them back from the last one can satisfy a source that takes back only its
+    latest block."""
+    ordered = sorted(
+        (b for b in blocks if b), key=lambda b: (b.step, b.start % b.step, b.start)
+    )
+    runs: list[range] = []
+    for block in ordered:
+        last = runs[-1] if runs else None
+        if last is not None and last.step == block.step and last[-1] + last.step == block.start:
+            runs[-1] = range(last.start, block[-1] + block.step, block.step)
+        else:
+            runs.append(block)
+    runs.sort(key=lambda r: r[-1])
+    return runs
+
+
+def as_runs(ids: Iterable[int], step: int) -> list[range]:
+    """Ids in increasing order as the ranges of ``step`` they form."""
+    runs: list[range] = []
+    first = last = None
+    for i in ids:
+        if last is not None and i == last + step:
+            last = i
+            continue
+        if first is not None and last is not None:
+            runs.append(range(first, last + step, step))
+        first = last = i
+    if first is not None and last is not None:
+        runs.append(range(first, last + step, step))
+    return runs
 
 
 def check_count(count: object, bits: int | None = None) -> int:

@@ -33,7 +33,7 @@ from .. import _process
 from .. import metrics as _metrics
 from .._naming import check_bits, max_id, normalize_sequence
 from ..errors import ExhaustedError, TicketsError, TicketServerUnavailable
-from .base import TicketSource, check_count
+from .base import TicketSource, as_runs, check_count, check_ids, coalesce, give_back_to
 
 logger = logging.getLogger("sqlalchemy_tickets")
 
@@ -68,6 +68,12 @@ class _Lane:
     blocking_waits: int = 0
     refills: int = 0
     burned: int = 0
+    given_back: int = 0  # ids given back to the source (on close)
+    taken_back: int = 0  # ids a cache above gave back to this one, to be issued again
+    # Set when close() has taken what the lane held: a block landing afterwards goes straight
+    # back to the source, never into the lane (a caller could otherwise still be handed it).
+    harvested: bool = False
+    late: int = 0  # ids of the refill that was still on its way when close() harvested
     # Estimates.
     rate: float = 0.0  # ids per second, EWMA
     latency: float = 0.0  # seconds per refill, EWMA
@@ -87,6 +93,23 @@ class _Lane:
     @property
     def in_hand(self) -> int:
         return len(self.ready) + len(self.rest) + sum(len(b) for b in self.ahead)
+
+    def take_all(self) -> list[range]:
+        """Everything the lane holds, as ranges in the order it would hand them out; the lane
+        is left empty (lock held). Ready ids are popped one by one, as ``next_id`` pops them
+        without the lock: each goes either to a caller or here, never to both."""
+        drained: list[int] = []
+        pop = self.ready.popleft
+        while True:
+            try:
+                drained.append(pop())
+            except IndexError:
+                break
+        self.moved -= len(drained)  # back in hand, unissued: ``issued`` stays true
+        held = [*as_runs(drained, self.ready_step), self.rest, *self.ahead]
+        self.rest = range(0)
+        self.ahead.clear()
+        return [block for block in held if block]
 
 
 class CachedSource:
@@ -110,9 +133,11 @@ class CachedSource:
             ``max_block``: a burst sizes blocks for minutes of ids only once the cache has
             issued enough for those to be a small share.
         timeout: seconds a caller may wait when the cache is empty before
-            :class:`TicketServerUnavailable` is raised.
+            :class:`TicketServerUnavailable` is raised (and that :meth:`close` waits for a
+            block still on its way).
         backoff: first pause after a failed refill, doubling up to ``max_backoff``.
-        clock: monotonic clock (a parameter so tests can drive the rate estimate).
+        clock: monotonic clock (a parameter so tests can drive the rate estimate); every
+            deadline of the cache (waits for ids, :meth:`wait_idle`, :meth:`close`) is read on it.
         max_workers: refill threads (refills of one lane never overlap).
     """
 
@@ -172,6 +197,7 @@ class CachedSource:
         self._pop64: dict[str | None, Callable[[], int]] = {}
         self._lanes_lock = threading.Lock()
         self._closed = threading.Event()
+        self._close_lock = threading.Lock()
         self._max_workers = max_workers
         self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="tickets-refill")
         with _open_caches_lock:
@@ -233,6 +259,46 @@ class CachedSource:
                     return taken
                 self._wait_for_ids(lane)
 
+    def give_back(self, sequence: str | None, ids: range, *, bits: int = 64) -> int:
+        """Take back ids this cache issued and nobody used (a cache above closing); returns
+        how many were taken back.
+
+        Open, the cache puts them back into the lane, ahead of the ids it holds that came
+        later: they are issued again first, so one thread keeps getting increasing ids where
+        it can. Closed, it passes them on to its own source (``0`` if that cannot take them).
+        """
+        check_ids(ids, bits)
+        if not ids:
+            return 0
+        check_bits(bits)
+        lane = self._lane(sequence, bits)
+        with lane.lock:
+            # Checked under the lane's lock, after the lane exists: a close that starts later
+            # finds the lane and harvests these ids with the rest.
+            if not self._closed.is_set():
+                held = lane.take_all()
+                # Before the first block that starts above them: older ids first.
+                at = next((i for i, b in enumerate(held) if b.start > ids.start), len(held))
+                held.insert(at, ids)
+                merged: list[range] = []
+                for block in held:
+                    last = merged[-1] if merged else None
+                    if last is not None and last.step == block.step and (
+                        last[-1] + last.step == block.start
+                    ):
+                        merged[-1] = range(last.start, block[-1] + block.step, block.step)
+                    else:
+                        merged.append(block)
+                lane.rest = merged[0]
+                lane.ahead.extend(merged[1:])
+                lane.taken_back += len(ids)
+                lane.changed.notify_all()
+                return len(ids)
+        taken = give_back_to(self.source, lane.sequence, ids, lane.bits)
+        with lane.lock:
+            lane.given_back += taken
+        return taken
+
     def _take_ready(self, lane: _Lane, count: int) -> range | None:
         """Up to ``count`` ids from the front of the ready deque, and on into the rest of the
         block when they follow on (lane lock held); ``None`` when nothing is ready."""
@@ -287,6 +353,8 @@ class CachedSource:
                     "rate": lane.rate,
                     "refill_latency": lane.latency,
                     "burned": lane.burned,
+                    "given_back": lane.given_back,
+                    "taken_back": lane.taken_back,
                     "failures": lane.failures,
                     "last_issued": lane.last_issued,
                 }
@@ -294,7 +362,7 @@ class CachedSource:
             key: sum(s[key] for s in per.values())
             for key in (
                 "issued", "round_trips", "blocking_waits", "refills", "in_hand", "in_flight",
-                "burned",
+                "burned", "given_back", "taken_back",
             )
         }
         total["rate"] = sum(s["rate"] for s in per.values())
@@ -304,37 +372,54 @@ class CachedSource:
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no refill is in flight (for tests and orderly shutdowns)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        clock = self._clock
+        deadline = None if timeout is None else clock() + timeout
         for lane in self._distinct_lanes():
             with lane.lock:
                 while lane.refilling:
-                    left = None if deadline is None else deadline - time.monotonic()
+                    left = None if deadline is None else deadline - clock()
                     if left is not None and left <= 0:
                         return False
                     lane.changed.wait(left)
         return True
 
     def close(self) -> int:
-        """Stop refilling and give up the ids in hand; returns (and logs) how many were burned."""
-        if self._closed.is_set():
-            return 0
-        self._closed.set()
-        # A block still on its way is burned too: let it land so it is counted.
+        """Stop refilling and give the ids in hand back to the source where it can take them;
+        returns (and logs) how many were burned.
+
+        Everything the cache holds goes back — ready ids, the rest of the block being handed
+        out, blocks taken ahead, and a block still on its way (waited for, up to ``timeout``)
+        — as few ranges as possible, the last one first (a ticket server takes back only its
+        latest block). Burned: what was held and not taken back, plus a block still on its way
+        after the wait (given back when it lands; ``stats()`` then counts it).
+        """
+        with self._close_lock:
+            if self._closed.is_set():
+                return 0
+            self._closed.set()
+        # A block still on its way belongs to the cache: let it land so it can go back too.
         self.wait_idle(self.timeout)
         burned = 0
         for lane in self._distinct_lanes():
             with lane.lock:
-                lost = lane.in_hand
-                lane.moved -= len(lane.ready)  # ids dropped unissued: ``issued`` stays true
-                lane.ready.clear()
-                lane.rest = range(0)
-                lane.ahead.clear()
-                lane.burned += lost
-                burned += lost
+                held = lane.take_all()
+                lane.harvested = True
+                lane.late = lane.pending if lane.refilling else 0
+                late = lane.late
                 lane.changed.notify_all()
-            if lost:
+            taken = 0
+            for run in reversed(coalesce(held)):  # the highest first
+                taken += give_back_to(self.source, lane.sequence, run, lane.bits)
+            lost = sum(len(b) for b in held) - taken
+            with lane.lock:
+                lane.burned += lost
+                lane.given_back += taken
+            burned += lost + late
+            if lost or late or taken:
                 logger.info(
-                    "closing cache of %s/%d: %d ids burned", lane.sequence, lane.bits, lost
+                    "closing cache of %s/%d: %d ids given back, %d burned%s",
+                    lane.sequence, lane.bits, taken, lost,
+                    f", {late} still on their way" if late else "",
                 )
         self._executor.shutdown(wait=False, cancel_futures=True)
         _retire(self)
@@ -410,14 +495,15 @@ class CachedSource:
         if self._closed.is_set():
             raise TicketsError(f"{self!r} is closed")
         lane.blocking_waits += 1
-        deadline = time.monotonic() + self.timeout
+        clock = self._clock
+        deadline = clock() + self.timeout
         if lane.error is not None and not lane.refilling:
             lane.error = None
         self._start_refill(lane)
         while not (lane.rest or lane.ahead):
             if isinstance(lane.error, ExhaustedError):
                 raise lane.error
-            left = deadline - time.monotonic()
+            left = deadline - clock()
             if left <= 0 or self._closed.is_set():
                 reason = f": {lane.error}" if lane.error is not None else ""
                 raise TicketServerUnavailable(
@@ -512,7 +598,7 @@ class CachedSource:
     def _take_block(self, lane: _Lane, size: int) -> None:
         pause = self.backoff
         while not self._closed.is_set():
-            started = time.monotonic()
+            started = self._clock()
             try:
                 block = self.source.next_block(lane.sequence, size, bits=lane.bits)
             except ExhaustedError as error:
@@ -533,27 +619,46 @@ class CachedSource:
             except BaseException as error:  # a bug upstream must not leave the lane stuck
                 self._failed(lane, error, final=True)
                 raise
-            took = time.monotonic() - started
+            took = self._clock() - started
             with lane.lock:
-                lane.ahead.append(block)
                 lane.round_trips += 1
-                lane.refills += 1
-                lane.latency = took if not lane.latency else 0.8 * lane.latency + 0.2 * took
-                if lane.failures:
-                    logger.info("refills of %s/%d work again", lane.sequence, lane.bits)
-                lane.failures = 0
-                lane.error = None
-                lane.refilling = False
-                lane.pending = 0
-                logger.debug(
-                    "refilled %s/%d with %d ids in %.1f ms (rate %.0f/s)",
-                    lane.sequence, lane.bits, len(block), took * 1000, lane.rate,
-                )
-                lane.changed.notify_all()
-                # A short block (a tier above gave fewer) or a jump in rate: ask again.
-                if lane.in_hand < self._low_water(lane):
-                    self._start_refill(lane)
+                landed_late = lane.harvested
+                if landed_late:
+                    # close() has been and gone: the block goes back, nobody gets it here.
+                    lane.late = 0
+                    lane.refilling = False
+                    lane.pending = 0
+                    lane.changed.notify_all()
+                else:
+                    self._landed(lane, block, took)
+            if landed_late:
+                taken = give_back_to(self.source, lane.sequence, block, lane.bits)
+                with lane.lock:
+                    lane.given_back += taken
+                    lane.burned += len(block) - taken
+                logger.info("a block of %d ids of %s/%d landed after close: %d given back",
+                            len(block), lane.sequence, lane.bits, taken)
             return
+
+    def _landed(self, lane: _Lane, block: range, took: float) -> None:
+        """A refill brought ``block`` (lane lock held)."""
+        lane.ahead.append(block)
+        lane.refills += 1
+        lane.latency = took if not lane.latency else 0.8 * lane.latency + 0.2 * took
+        if lane.failures:
+            logger.info("refills of %s/%d work again", lane.sequence, lane.bits)
+        lane.failures = 0
+        lane.error = None
+        lane.refilling = False
+        lane.pending = 0
+        logger.debug(
+            "refilled %s/%d with %d ids in %.1f ms (rate %.0f/s)",
+            lane.sequence, lane.bits, len(block), took * 1000, lane.rate,
+        )
+        lane.changed.notify_all()
+        # A short block (a tier above gave fewer) or a jump in rate: ask again.
+        if lane.in_hand < self._low_water(lane):
+            self._start_refill(lane)
 
     def _failed(self, lane: _Lane, error: BaseException, *, final: bool) -> None:
         with lane.lock:
@@ -608,7 +713,19 @@ def _forget_in_child() -> None:
 _process.after_fork_in_child(_forget_in_child)
 
 
+def _depth(cache: CachedSource) -> int:
+    """How many caches lie under ``cache`` (its source, that one's source...)."""
+    depth, below, seen = 0, cache.source, {id(cache)}
+    while isinstance(below, CachedSource) and id(below) not in seen:
+        seen.add(id(below))
+        depth += 1
+        below = below.source
+    return depth
+
+
 @_process.at_exit
 def _close_all() -> None:
-    for cache in open_caches()[0]:
+    # Outer tiers first: what they give back lands in the caches under them, which then give
+    # it back with their own ids.
+    for cache in sorted(open_caches()[0], key=_depth, reverse=True):
         cache.close()

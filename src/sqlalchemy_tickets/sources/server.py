@@ -32,7 +32,7 @@ from ..errors import (
     TicketServerUnavailable,
     UnknownSequenceError,
 )
-from .base import check_count
+from .base import check_count, check_ids
 
 logger = logging.getLogger("sqlalchemy_tickets")
 
@@ -187,6 +187,26 @@ class TicketServer:
         with self._lock:
             self._issued += count
         return range(last - (count - 1) * info.increment, last + 1, info.increment)
+
+    def give_back(self, sequence: str | None, ids: range, *, bits: int = 64) -> int:
+        """Take back ``ids`` (a block this server issued and nobody used) where that is safe:
+        on a named sequence whose last issued block ends with them, in one compare-and-set
+        round trip. Returns ``len(ids)`` when taken back (they are issued again), ``0`` when
+        another block was taken since, the stride changed, or the sequence is Flickr's
+        ``Tickets64``/``Tickets32`` (shared with ``REPLACE INTO`` clients). Raises
+        :class:`TicketServerUnavailable` when the server does not answer in time."""
+        check_ids(ids, bits)
+        table = ticket_table(sequence, check_bits(bits), self.table_template)
+        if not ids or table.flickr:
+            return 0
+        known = self._known.get((sequence, bits))
+        info = known.info if known is not None else self._round_trip(self._describe, table)
+        if info is None or ids.step != info.increment or (ids.start - info.offset) % ids.step:
+            return 0
+        if not self._round_trip(self._give_back, table, ids, info):
+            return 0
+        logger.debug("%s took back %d ids of %s", self, len(ids), table.label)
+        return len(ids)
 
     # -- administration -----------------------------------------------------------------------
 
@@ -397,6 +417,9 @@ class TicketServer:
 
     def _take(self, cursor: Any, table: TicketTable, count: int, info: TableInfo) -> int | None:
         return self.backend.take_block(cursor, self.engine.dialect, table, count, info)
+
+    def _give_back(self, cursor: Any, table: TicketTable, ids: range, info: TableInfo) -> bool:
+        return self.backend.give_back_block(cursor, self.engine.dialect, table, ids, info)
 
     def _describe(self, cursor: Any, table: TicketTable) -> TableInfo | None:
         return self.backend.describe(cursor, self.engine.dialect, table)

@@ -12,7 +12,7 @@ from sqlalchemy.engine import URL, Engine
 
 from .._naming import TicketTable
 from ..errors import ExhaustedError, TicketsError, TicketServerUnavailable
-from .base import check_count
+from .base import check_count, check_ids
 from .server import TicketServer
 
 logger = logging.getLogger("sqlalchemy_tickets")
@@ -134,6 +134,16 @@ class TicketServers:
             f"no ticket server answered for {label}: "
             + "; ".join(errors + [str(e) for e in exhausted])
         )
+
+    def give_back(self, sequence: str | None, ids: range, *, bits: int = 64) -> int:
+        """Give ``ids`` back to the server that issued them (server *i* issues ids ≡ *i+1*
+        mod N, step N); how many it took back (see :meth:`TicketServer.give_back`), ``0``
+        when no server's position matches."""
+        check_ids(ids, bits)
+        n = len(self._members)
+        if not ids or ids.step != n:
+            return 0
+        return self._members[(ids.start - 1) % n].server.give_back(sequence, ids, bits=bits)
 
     def _highest_elsewhere(self, table: TicketTable) -> int:
         """The highest id the servers that answer have issued for ``table``: a server that
