@@ -9,7 +9,9 @@ platforms without ``fork`` (Windows), and run in an order that is written down:
 * :func:`after_fork_in_parent` and :func:`after_fork_in_child` callbacks run after it, first
   registered first (the order :func:`os.register_at_fork` uses);
 * :func:`at_exit` callbacks run once at interpreter exit, last registered first (as :mod:`atexit`
-  does), so a module that depends on another is shut down before the one it depends on.
+  does), so a module that depends on another is shut down before the one it depends on. That
+  includes the exit of a :mod:`multiprocessing` child, which leaves through ``os._exit()`` and
+  so skips :mod:`atexit`, but runs multiprocessing's own finalizers first.
 
 A callback that raises is logged and the others still run. Registering the same callable twice
 for the same moment is a no-op. Registration is thread-safe; on a platform without ``fork`` the
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing.util
 import os
 import threading
 from collections.abc import Callable
@@ -108,8 +111,33 @@ def _after_fork_in_child() -> None:
     _run("after_fork_in_child", reverse=False)
 
 
+_exited = threading.Event()
+
+
 def _at_exit() -> None:
+    # Reached from atexit, and from multiprocessing's exit finalizers in its children (and
+    # in the main process, where both run): once.
+    if _exited.is_set():
+        return
+    _exited.set()
     _run("at_exit", reverse=True)
+
+
+class _MultiprocessingHook:
+    """Registers :func:`_at_exit` among multiprocessing's exit finalizers: its children leave
+    through ``os._exit()``, skipping atexit, after running them. A forked child starts with
+    those finalizers cleared and then calls its after-fork hooks, which register it again."""
+
+    def register(self) -> None:
+        multiprocessing.util.Finalize(None, _at_exit, exitpriority=0)
+
+    def __call__(self, _: object) -> None:
+        self.register()
+
+
+_multiprocessing_hook = _MultiprocessingHook()
+_multiprocessing_hook.register()
+multiprocessing.util.register_after_fork(_multiprocessing_hook, _multiprocessing_hook)
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork()

@@ -1,0 +1,250 @@
+"""Ids given back to real ticket servers: the compare-and-set on a named sequence's row, routing
+over several servers, and caches in real processes that exit cleanly (ids issued again) or are
+killed (never a duplicate)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sqlalchemy_tickets
+from sqlalchemy_tickets import CachedSource, TicketServer, TicketServers
+
+
+def test_the_last_block_goes_back_and_comes_out_again(database_url: str) -> None:
+    server = TicketServer(database_url)
+    try:
+        first = server.next_block("photos", 10)
+        second = server.next_block("photos", 5)
+        assert server.give_back("photos", first) == 0  # not the last block: refused
+        assert server.give_back("photos", second) == 5
+        assert server.give_back("photos", second) == 0  # not twice
+        assert server.give_back("photos", first) == 10  # now it is the last one
+        again = server.next_block("photos", 15)
+        assert again == range(first.start, second.stop)
+        assert server.describe("photos").last_id == second[-1]  # type: ignore[union-attr]
+    finally:
+        server.dispose()
+
+
+def test_a_block_taken_after_by_another_client_makes_it_refuse(database_url: str) -> None:
+    mine, theirs = TicketServer(database_url), TicketServer(database_url)
+    try:
+        held = mine.next_block("photos", 20)
+        taken = theirs.next_block("photos", 3)
+        assert mine.give_back("photos", held) == 0
+        assert mine.give_back("photos", held[10:]) == 0  # a tail of it is not the last either
+        after = mine.next_block("photos", 50)
+        every = [*held, *taken, *after]
+        assert len(set(every)) == len(every)
+        # A part that ends the last block goes back alone.
+        assert mine.give_back("photos", after[30:]) == 20
+        assert mine.next_block("photos", 20) == after[30:]
+    finally:
+        mine.dispose()
+        theirs.dispose()
+
+
+def test_flickr_tables_and_wrong_strides_are_refused(database_url: str) -> None:
+    server = TicketServer(database_url)
+    try:
+        server.create(None)
+        block = server.next_block(None, 5)
+        assert server.give_back(None, block) == 0  # REPLACE INTO clients share the table
+        assert server.describe(None).last_id == block[-1]  # type: ignore[union-attr]
+        named = server.next_block("photos", 6)
+        assert server.give_back("photos", range(named.start, named.stop + 6, 2)) == 0
+        assert server.give_back("photos", named[::2]) == 0
+        assert server.give_back("photos", range(0)) == 0
+        assert server.next_id("photos") == named[-1] + 1
+    finally:
+        server.dispose()
+
+
+def _draw_and_give_back(url: str, seed: int, rounds: int) -> list[int]:
+    """In a child: three threads take blocks and give some back at once, some later; the ids
+    kept (those the server did not take back)."""
+    server = TicketServer(url)
+    kept: list[int] = []
+    lock = threading.Lock()
+
+    def work(k: int) -> None:
+        rng = random.Random(seed * 10 + k)
+        mine: list[int] = []
+        for _ in range(rounds):
+            block = server.next_block("shared", rng.choice([1, 3, 17]))
+            if rng.random() < 0.5 and server.give_back("shared", block) == len(block):
+                continue
+            mine.extend(block)
+        with lock:
+            kept.extend(mine)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    server.dispose()
+    return kept
+
+
+def test_giving_back_under_contention_never_duplicates(database_url: str) -> None:
+    TicketServer(database_url).create("shared")
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        results = pool.starmap(_draw_and_give_back, [(database_url, s, 150) for s in range(4)])
+    kept = [i for chunk in results for i in chunk]
+    server = TicketServer(database_url)
+    try:
+        last = server.describe("shared").last_id  # type: ignore[union-attr]
+        assert len(set(kept)) == len(kept)
+        assert max(kept) <= last
+        # Some went back and came out again: fewer ids burned than blocks given back.
+        assert last - len(kept) < 4 * 3 * 150 * 17 // 2
+    finally:
+        server.dispose()
+
+
+def test_servers_route_ids_back_to_the_server_that_issued_them(
+    make_database: Any, backend: str
+) -> None:
+    servers = TicketServers([make_database(backend), make_database(backend)])
+    try:
+        odd = servers.next_block("photos", 4)
+        even = servers.next_block("photos", 4)
+        assert {odd.start % 2, even.start % 2} == {0, 1} and odd.step == even.step == 2
+        assert servers.give_back("photos", range(odd.start, odd.stop, 1)) == 0  # wrong step
+        assert servers.give_back("photos", even) == 4
+        assert servers.give_back("photos", odd) == 4
+        again = [servers.next_block("photos", 4) for _ in range(2)]
+        assert sorted(again, key=lambda r: r.start) == sorted([odd, even], key=lambda r: r.start)
+        # Through a cache: closing it gives each server back its own ids.
+        cache = CachedSource(servers, min_block=40, waste_ratio=1.0)
+        drawn = [cache.next_id("photos") for _ in range(100)]
+        cache.wait_idle(10)
+        assert cache.stats()["in_hand"] > 0
+        assert cache.close() == 0
+        after = sorted(servers.next_id("photos") for _ in range(2))
+        # Each server issues again the lowest of its ids that the cache did not hand out.
+        expected = []
+        for block in sorted(again, key=lambda r: r.start):
+            mine = [i for i in drawn if i % 2 == block.start % 2]
+            candidates = range(block[-1] + 2, max(mine) + 4, 2)
+            expected.append(min(set(candidates) - set(drawn)))
+        assert after == sorted(expected)
+    finally:
+        servers.dispose()
+
+
+#: What a child process keeps until it exits, as an application keeps its configured source.
+_KEPT: list[CachedSource] = []
+
+
+def _cache_then_exit(url: str, tiers: int, close: bool, queue: Any) -> None:
+    """In a child: draw ids through ``tiers`` nested caches, report the highest and what the
+    caches hold, then close them or simply return (the process's exit closes them)."""
+    source: Any = TicketServer(url)
+    caches = _KEPT
+    for _ in range(tiers):
+        source = CachedSource(source, min_block=64, waste_ratio=1.0)
+        caches.append(source)
+    highest = max(source.next_id("jobs") for _ in range(500))
+    for cache in reversed(caches):
+        cache.wait_idle(10)
+    held = sum(cache.stats()["in_hand"] for cache in caches)
+    burned = sum(cache.close() for cache in reversed(caches)) if close else None
+    queue.put((highest, held, burned))
+
+
+def _cache_then_wait(url: str, queue: Any, stop: Any) -> None:
+    """In a child: draw ids through a cache, report every one, then wait to be killed."""
+    cache = CachedSource(TicketServer(url), min_block=64, waste_ratio=1.0)
+    ids = [cache.next_id("jobs") for _ in range(500)]
+    ids += cache.next_block("jobs", 30)
+    cache.wait_idle(10)
+    queue.put(ids)
+    stop.wait(60)
+
+
+@pytest.mark.parametrize("tiers", [1, 2])
+@pytest.mark.parametrize("close", [True, False], ids=["close", "exit"])
+def test_a_process_that_exits_cleanly_burns_nothing(
+    database_url: str, tiers: int, close: bool
+) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_cache_then_exit, args=(database_url, tiers, close, queue))
+    child.start()
+    highest, held, burned = queue.get(timeout=120)
+    child.join(60)
+    assert child.exitcode == 0
+    assert held > 0
+    assert burned in (0, None)
+    server = TicketServer(database_url)
+    try:
+        # Everything the child held was its server's last block: it comes out again.
+        assert server.next_id("jobs") == highest + 1
+    finally:
+        server.dispose()
+
+
+def test_a_killed_process_burns_what_it_held_and_never_causes_a_duplicate(
+    database_url: str,
+) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    queue, stop = ctx.Queue(), ctx.Event()
+    child = ctx.Process(target=_cache_then_wait, args=(database_url, queue, stop))
+    child.start()
+    theirs = queue.get(timeout=120)
+    os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+    child.join(30)
+    assert child.exitcode == -signal.SIGKILL
+    with CachedSource(TicketServer(database_url)) as cache:
+        ours = [cache.next_id("jobs") for _ in range(2_000)]
+    every = theirs + ours
+    assert len(set(every)) == len(every)
+    assert min(ours) > max(theirs)
+
+
+def test_interpreter_exit_gives_back_what_caches_hold(database_url: str, tmp_path: Path) -> None:
+    """A script that never calls close(): the exit hook gives its ids back (nested caches in
+    the order that lets every tier's ids go back)."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(f"""
+        import json
+        from sqlalchemy_tickets import CachedSource, TicketServer, configure
+
+        inner = CachedSource(TicketServer({database_url!r}), min_block=100, waste_ratio=1.0)
+        # The outer cache is made last: an exit hook that closed caches in the order they
+        # were made would close the inner one first.
+        outer = CachedSource(inner, min_block=20, waste_ratio=1.0)
+        highest = max(outer.next_id("jobs") for _ in range(300))
+        inner.wait_idle(10)
+        outer.wait_idle(10)
+        held = outer.stats()["in_hand"] + inner.stats()["in_hand"]
+        print(json.dumps({{"highest": highest, "held": held}}))
+    """))
+    src = str(Path(sqlalchemy_tickets.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["held"] > 0
+    server = TicketServer(database_url)
+    try:
+        assert server.next_id("jobs") == report["highest"] + 1
+    finally:
+        server.dispose()
