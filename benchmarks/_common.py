@@ -153,7 +153,7 @@ def close_embedded(engine: sa.Engine) -> dict[str, Any]:
     cache = embedded_source(engine)
     stats = cache.stats()
     cache.close()
-    cache.source.dispose()  # type: ignore[attr-defined]
+    cache.source.close()  # type: ignore[attr-defined]
     return stats
 
 

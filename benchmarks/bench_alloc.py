@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             stats = cache.stats()
         finally:
             cache.close()
-            cache.source.dispose()  # type: ignore[attr-defined]
-            server.dispose()
+            cache.source.close()  # type: ignore[attr-defined]
+            server.close()
     results = {
         group: {
             "ratio_to_uuid_utils": {v: h.ratio_summary(t, v, REF) for v in t.seconds},

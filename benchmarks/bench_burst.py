@@ -110,7 +110,7 @@ def run_backend(backend: str, phases: list[Any], window: float) -> dict[str, Any
             info = h.server_info(backend, url)
         finally:
             burned = cache.close()
-            server.dispose()
+            server.close()
     out = summarize(samples)
     for p in out:
         h.log(

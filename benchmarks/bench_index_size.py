@@ -53,7 +53,7 @@ def make_ids(key: str, url: sa.URL, rows: int) -> list[Any]:
         try:
             return list(server.next_block("bench", rows))
         finally:
-            server.dispose()
+            server.close()
     if key == "UUIDv4":
         return [uuid.uuid4() for _ in range(rows)]
     new_id = {

@@ -94,7 +94,7 @@ def run_backend(args: Any, backend: str) -> dict[str, Any]:
         finally:
             for conn in conns.values():
                 conn.close()
-            server.dispose()
+            server.close()
     ratios = {k: h.ratio_summary(timings, f"ours {k}", f"raw {k}", TARGET) for k in CALLS}
     us = {name: timings.median(name) * 1e6 for name in timings.seconds}
     return {"ratios": ratios, "median_us_per_round_trip": us, "server": info, **timings.to_json()}

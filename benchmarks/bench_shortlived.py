@@ -83,7 +83,7 @@ def measure(backend: str, bursts: list[int]) -> dict[str, Any]:
         try:
             after = server.next_id("jobs")
         finally:
-            server.dispose()
+            server.close()
     nexts = [r["first"] for r in runs[1:]] + [after]
     for run, following in zip(runs, nexts, strict=True):
         run["burned"] = following - run["last"] - 1

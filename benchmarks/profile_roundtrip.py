@@ -71,7 +71,7 @@ def run_backend(args: Any, backend: str, calls: int) -> dict[str, Any]:
         finally:
             if conn is not None:
                 conn.close()
-            server.dispose()
+            server.close()
     names = list(steps)
 
     def added(cpu: bool) -> dict[str, float]:

@@ -80,6 +80,6 @@ def run_demo(path: Path) -> int:
     burned = tickets.close()
     print(f"Closing the cache gave up the {burned} ids it held ready (the price of a restart).")
     print("Run it again: the Photos sequence carries on above them.")
-    server.dispose()
+    server.close()
     engine.dispose()
     return 0

@@ -13,6 +13,10 @@ platforms without ``fork`` (Windows), and run in an order that is written down:
   includes the exit of a :mod:`multiprocessing` child, which leaves through ``os._exit()`` and
   so skips :mod:`atexit`, but runs multiprocessing's own finalizers first.
 
+Objects that must reset themselves in a forked child (generators: random state, leases, locks)
+are registered with :func:`track`; their ``_after_fork_in_child()`` runs before the
+:func:`after_fork_in_child` callbacks, for as long as the object lives.
+
 A callback that raises is logged and the others still run. Registering the same callable twice
 for the same moment is a no-op. Registration is thread-safe; on a platform without ``fork`` the
 fork callbacks are kept and never called.
@@ -25,10 +29,18 @@ import logging
 import multiprocessing.util
 import os
 import threading
+import weakref
 from collections.abc import Callable
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
-__all__ = ["after_fork_in_child", "after_fork_in_parent", "at_exit", "before_fork"]
+__all__ = [
+    "after_fork_in_child",
+    "after_fork_in_parent",
+    "at_exit",
+    "before_fork",
+    "track",
+    "tracked",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +57,10 @@ _callbacks: dict[_Moment, tuple[Callable[[], object], ...]] = {
     "at_exit": (),
 }
 _lock = threading.Lock()
+
+_T = TypeVar("_T")
+_tracked: weakref.WeakSet[Any] = weakref.WeakSet()
+_tracked_lock = threading.Lock()
 
 
 def _register(moment: _Moment, fn: _F) -> _F:
@@ -88,6 +104,22 @@ def at_exit(fn: _F) -> _F:
     return _register("at_exit", fn)
 
 
+def track(obj: _T) -> _T:
+    """Call ``obj._after_fork_in_child()`` in every forked child for as long as ``obj`` lives
+    (held weakly); returns ``obj``."""
+    if not callable(getattr(obj, "_after_fork_in_child", None)):
+        raise TypeError(f"{obj!r} has no _after_fork_in_child() method")
+    with _tracked_lock:
+        _tracked.add(obj)
+    return obj
+
+
+def tracked(cls: type[_T]) -> list[_T]:
+    """The live tracked objects that are instances of ``cls``."""
+    with _tracked_lock:
+        return [obj for obj in _tracked if isinstance(obj, cls)]
+
+
 def _run(moment: _Moment, *, reverse: bool) -> None:
     callbacks = _callbacks[moment]
     for fn in reversed(callbacks) if reverse else callbacks:
@@ -106,8 +138,14 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _lock
+    global _lock, _tracked_lock
     _lock = threading.Lock()
+    _tracked_lock = threading.Lock()
+    for obj in list(_tracked):
+        try:
+            obj._after_fork_in_child()
+        except Exception:
+            logger.exception("after fork in child: resetting %r failed", obj)
     _run("after_fork_in_child", reverse=False)
 
 

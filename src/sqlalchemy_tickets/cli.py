@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(error, 1)
     finally:
         for server in args.servers:
-            server.dispose()
+            server.close()
 
 
 def _fail(error: BaseException, code: int) -> int:
@@ -310,7 +310,7 @@ def _build_servers(urls: Sequence[URL], options: dict[str, Any]) -> list[TicketS
             built.append(TicketServer(url, **options))
     except TicketsError:
         for server in built:
-            server.dispose()
+            server.close()
         raise
     return built
 

@@ -58,7 +58,7 @@ def draw(url: str, sequence: str | None, count: int, *, bits: int = 64) -> range
     try:
         return server.next_block(sequence, count, bits=bits)
     finally:
-        server.dispose()
+        server.close()
 
 
 @contextmanager
@@ -112,7 +112,7 @@ def test_app_example_upgrade_downgrade_upgrade(
         with engine.connect() as conn:
             assert sorted(conn.scalars(sa.select(photos.c.id))) == [4, 5]
     finally:
-        server.dispose()
+        server.close()
         engine.dispose()
 
 
@@ -174,7 +174,7 @@ def test_flickr_pair_example(flickr_pair: tuple[Any, Any]) -> None:
     try:
         ids = [pair.next_id("Photos") for _ in range(4)]
     finally:
-        pair.dispose()
+        pair.close()
     assert len(set(ids)) == 4 and {i % 2 for i in ids} == {0, 1}
 
     for url in urls:
@@ -423,7 +423,7 @@ def test_autogenerate_proposes_missing_ticket_tables(url: str) -> None:
     metadata, server = migrated_metadata(url)
     script, diffs = _autogenerate(url, metadata)
     if server is not None:
-        server.dispose()
+        server.close()
     assert script.upgrade_ops is not None and script.downgrade_ops is not None
     created = [op for op in script.upgrade_ops.ops if isinstance(op, CreateTicketTableOp)]
     assert sorted((op.table_name, op.bits) for op in created) == [
@@ -448,7 +448,7 @@ def test_autogenerate_proposes_missing_ticket_tables(url: str) -> None:
 def test_autogenerate_is_quiet_once_the_tables_exist(url: str) -> None:
     metadata, source = migrated_metadata(url)
     if source is not None:
-        source.dispose()
+        source.close()
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     try:
         metadata.create_all(engine)
@@ -460,7 +460,7 @@ def test_autogenerate_is_quiet_once_the_tables_exist(url: str) -> None:
         server.create("tags", bits=32)
         server.create(None)  # Tickets64: "Tickets64" on PostgreSQL, quoted, exactly as reported
     finally:
-        server.dispose()
+        server.close()
 
     script, diffs = _autogenerate(url, metadata)
     assert script.upgrade_ops is not None
@@ -694,7 +694,7 @@ def test_flickr_pair_example_reads_the_stride_from_the_server(
     try:
         assert sorted(pair.next_id("Photos") for _ in range(4)) == [7, 8, 9, 10]
     finally:
-        pair.dispose()
+        pair.close()
 
 
 def test_flickr_pair_example_x_offset_still_wins_and_is_checked(

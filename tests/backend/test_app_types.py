@@ -198,4 +198,4 @@ def test_lease_from_the_application_database(engine: sa.Engine) -> None:
     held = [row for row in lease.rows() if row.worker_id == generator.worker_id]
     assert held and held[0].expires_in_ms > 0 and held[0].issued_until_ms >= 0
     generator.close()
-    lease.dispose()
+    lease.close()

@@ -35,7 +35,7 @@ class Clock:
 def server(database_url: str) -> Iterator[TicketServer]:
     server = TicketServer(database_url)
     yield server
-    server.dispose()
+    server.close()
 
 
 @pytest.mark.parametrize("backend", ["postgresql", "mysql"])
@@ -166,7 +166,7 @@ def test_an_outage_is_ridden_out_on_what_the_cache_holds(
         every = first + during + after
         assert every == sorted(every) and len(set(every)) == len(every)
         cache.close()
-        server.dispose()
+        server.close()
 
 
 @pytest.mark.parametrize("backend", ["postgresql", "mysql"])
@@ -182,7 +182,7 @@ def test_empty_cache_with_no_upstream_fails_within_its_timeout(make_database, ba
             cache.next_id("photos")
         assert time.monotonic() - started < 6
         cache.close()
-        server.dispose()
+        server.close()
 
 
 def test_the_event_loop_keeps_running_while_a_refill_waits(make_database) -> None:
@@ -216,7 +216,7 @@ def test_the_event_loop_keeps_running_while_a_refill_waits(make_database) -> Non
         assert new >= 1
         assert ticks > 50  # the loop ran all along the wait for the server to come back
         cache.close()
-        server.dispose()
+        server.close()
 
 
 def _child_ids(cache: CachedSource, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]

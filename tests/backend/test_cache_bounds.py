@@ -80,7 +80,7 @@ def test_a_killed_process_burns_at_most_the_waste_budget(
     try:
         after = server.next_id("bound")
     finally:
-        server.dispose()
+        server.close()
     burned = after - highest - 1
     assert 0 <= burned <= options["waste_budget"]
 
@@ -193,4 +193,4 @@ def test_ids_from_one_cache_increase_across_next_id_and_next_block(
         assert len(every) == len(set(every))
     finally:
         cache.close()
-        server.dispose()
+        server.close()

@@ -29,7 +29,7 @@ def describe(url: str, sequence: str | None, bits: int = 64) -> tuple[int, int, 
     try:
         info = server.describe(sequence, bits=bits)
     finally:
-        server.dispose()
+        server.close()
     assert info is not None
     return info.increment, info.offset, info.last_id
 
@@ -100,7 +100,7 @@ def test_init_several_servers_gives_each_its_position(make_database, backend: st
     try:
         ids = [pair.next_id("Photos") for _ in range(6)]
     finally:
-        pair.dispose()
+        pair.close()
     assert sorted(ids) == [1, 2, 3, 4, 5, 6]
 
     # Run again, same list: nothing to change, nothing refused.

@@ -114,7 +114,7 @@ def test_ticket_server_behind_pgbouncer(
         ids, errors = _hammer(lambda: server.next_id("photos"))
         _check(ids, errors, THREADS * CALLS)
     finally:
-        server.dispose()
+        server.close()
         app.dispose()
 
 
@@ -146,7 +146,7 @@ def test_cached_source_behind_pgbouncer(
         assert cache.stats()["round_trips"] >= THREADS * CALLS // 2
     finally:
         cache.close()
-        server.dispose()
+        server.close()
 
 
 class _Base(DeclarativeBase):
@@ -215,7 +215,7 @@ def test_retry_session_behind_pgbouncer(app_through_bouncer: sa.Engine) -> None:
         _check(ids, errors, THREADS * 40)
     finally:
         configure(None)
-        server.dispose()
+        server.close()
 
 
 def test_worker_leases_behind_pgbouncer(bouncer: PgBouncer, postgresql_url: str) -> None:
@@ -241,7 +241,7 @@ def test_worker_leases_behind_pgbouncer(bouncer: PgBouncer, postgresql_url: str)
             with lock:
                 errors.append(error)
         finally:
-            lease.dispose()
+            lease.close()
 
     threads = [threading.Thread(target=run) for _ in range(THREADS)]
     for thread in threads:
@@ -269,7 +269,7 @@ def test_cli_and_admin_behind_pgbouncer(
         assert status.last_id == 24
         assert table_max(url, "tickets__photos", "id") == 24
     finally:
-        server.dispose()
+        server.close()
 
 
 # -- connecting as the application does ------------------------------------------------------
@@ -373,7 +373,7 @@ def test_the_application_engine_is_left_as_it_was(postgresql_url: str, pg_role: 
         assert calls == ["app"] * len(calls) and len(calls) >= 2  # its own connection too
         assert server.own.engine.pool is not engine.pool
     finally:
-        server.dispose()
+        server.close()
         engine.dispose()
 
 
@@ -387,7 +387,7 @@ def test_ticket_server_never_waits_for_the_application_pool(postgresql_url: str)
             assert server.next_id("photos") == 1
             assert server.next_id("photos") == 2
     finally:
-        server.dispose()
+        server.close()
         engine.dispose()
 
 
@@ -415,7 +415,7 @@ def test_an_application_creator_is_used(postgresql_url: str) -> None:
         assert made and all(c.prepare_threshold is None for c in made)
         assert {name for _, name in _sessions(postgresql_url)} == {"from-creator"}
     finally:
-        server.dispose()
+        server.close()
         engine.dispose()
 
 
@@ -510,8 +510,8 @@ def test_a_hung_lease_database_is_an_error_after_its_timeout(
                 assert isinstance(outcome, TicketsError)
         finally:
             proxy.forward()
-            lease.dispose()
-            fresh.dispose()
+            lease.close()
+            fresh.close()
 
 
 def _within(seconds: float, call: Callable[[], Any]) -> Any:
@@ -547,7 +547,7 @@ def test_the_embedded_default_does_not_keep_the_application_engine_alive(
     assert isinstance(server, TicketServer) and server.own.inherits
     alive = weakref.ref(engine)
     source.close()
-    server.dispose()
+    server.close()
     del engine, source, server
     gc.collect()
     assert alive() is None

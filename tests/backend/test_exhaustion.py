@@ -26,7 +26,7 @@ def _pair(make_database: Callable[[str], str], backend: str, odd: int, even: int
         last = LIMIT if offset == 1 else LIMIT - 1
         server = TicketServer(url)
         server.create("edge", bits=32, start=last - 2 * (left - 1), increment=2, offset=offset)
-        server.dispose()
+        server.close()
     return urls
 
 
@@ -85,7 +85,7 @@ def pair_source(
     yield source
     if isinstance(source, CachedSource):
         source.close()
-    servers.dispose()
+    servers.close()
 
 
 @pytest.mark.parametrize("draw", [_drain_ids, _drain_blocks], ids=["next_id", "next_block"])
@@ -127,8 +127,8 @@ def test_counts_beyond_the_id_space_are_exhausted_before_any_sql(
         assert server.next_id("huge", bits=bits) == 1
     finally:
         cache.close()
-        server.dispose()
-        pair.dispose()
+        server.close()
+        pair.close()
 
 
 def test_a_count_the_server_could_not_step_is_exhausted(
@@ -143,4 +143,4 @@ def test_a_count_the_server_could_not_step_is_exhausted(
             server.next_block("wide", 2**62 + 1)
         assert server.next_id("wide") == 1
     finally:
-        server.dispose()
+        server.close()

@@ -46,7 +46,7 @@ def _first_use(url: str, rounds: list[list[str]], barrier: Any, queue: Any) -> N
             thread.join()
     finally:
         queue.put((ids, errors))
-        server.dispose()
+        server.close()
 
 
 def test_fresh_sequences_used_by_many_processes_at_once(
@@ -84,4 +84,4 @@ def test_fresh_sequences_used_by_many_processes_at_once(
         with server.engine.connect() as conn:
             for name in names:
                 conn.exec_driver_sql(f"DROP TABLE IF EXISTS tickets__{name}")
-        server.dispose()
+        server.close()

@@ -60,7 +60,7 @@ def test_ids_are_exclusive_and_a_released_id_comes_back_with_its_past(database_u
     assert again.worker_id == first.worker_id  # a free existing row before a new one
     assert again.issued_until_ms == 1234
     assert not lease.renew(first, 99)  # the old token no longer holds it
-    lease.dispose()
+    lease.close()
 
 
 def test_all_ids_held_is_an_error(database_url: str) -> None:
@@ -68,7 +68,7 @@ def test_all_ids_held_is_an_error(database_url: str) -> None:
     lease.acquire(2), lease.acquire(2)
     with pytest.raises(TicketsError, match="all 2 worker ids"):
         lease.acquire(2)
-    lease.dispose()
+    lease.close()
 
 
 def test_an_unrenewed_lease_expires_and_is_taken_over(database_url: str) -> None:
@@ -85,8 +85,8 @@ def test_an_unrenewed_lease_expires_and_is_taken_over(database_url: str) -> None
     assert taken.worker_id == grant.worker_id
     assert time.monotonic() - start > 2.0
     assert not holder.renew(grant, 0)  # the old holder learns it lost the id
-    holder.dispose()
-    taker.dispose()
+    holder.close()
+    taker.close()
 
 
 def test_heartbeat_keeps_the_lease_and_a_stolen_lease_is_noticed(database_url: str) -> None:
@@ -114,8 +114,8 @@ def test_heartbeat_keeps_the_lease_and_a_stolen_lease_is_noticed(database_url: s
     with pytest.raises(TicketsError, match="all 1 worker ids"):
         gen.new_id()  # tries to lease again; the thief holds the only id
     gen.close()
-    lease.dispose()
-    other.dispose()
+    lease.close()
+    other.close()
 
 
 def test_a_worker_whose_clock_is_behind_its_own_past_refuses(database_url: str) -> None:
@@ -126,7 +126,7 @@ def test_a_worker_whose_clock_is_behind_its_own_past_refuses(database_url: str) 
         return time.time_ns() + ten_minutes
 
     fast = SnowflakeGenerator(
-        lease=WorkerLease(database_url, namespace=ns), layout=ONE_WORKER, clock=ahead
+        lease=WorkerLease(database_url, namespace=ns), layout=ONE_WORKER, time_ns=ahead
     )
     issued = [fast.new_id() for _ in range(5)]
     fast.close()  # gives worker 0 back, recording the last timestamp it used
@@ -137,7 +137,7 @@ def test_a_worker_whose_clock_is_behind_its_own_past_refuses(database_url: str) 
     # A process whose clock is right (here: as far ahead as the first) may use the id again,
     # and its ids are above everything issued before.
     fixed = SnowflakeGenerator(
-        lease=WorkerLease(database_url, namespace=ns), layout=ONE_WORKER, clock=ahead
+        lease=WorkerLease(database_url, namespace=ns), layout=ONE_WORKER, time_ns=ahead
     )
     later = fixed.new_id()
     assert later > max(issued) and fixed.worker_id == 0
@@ -147,7 +147,7 @@ def test_a_worker_whose_clock_is_behind_its_own_past_refuses(database_url: str) 
 def test_a_generator_stops_when_its_lease_cannot_be_renewed(database_url: str) -> None:
     now = [time.time_ns()]
     lease = WorkerLease(database_url, namespace=_ns(), ttl=2.0, heartbeat=1.5)
-    gen = SnowflakeGenerator(lease=lease, layout=ONE_WORKER, clock=lambda: now[0])
+    gen = SnowflakeGenerator(lease=lease, layout=ONE_WORKER, time_ns=lambda: now[0])
     gen.new_id()
     with lease.engine.connect() as conn:  # the lease database "goes away"
         for statement in [sa.schema.DropTable(lease.table)]:
@@ -158,7 +158,7 @@ def test_a_generator_stops_when_its_lease_cannot_be_renewed(database_url: str) -
     with pytest.raises(TicketsError, match="could not be renewed"):
         gen.new_id()
     gen.close()
-    lease.dispose()
+    lease.close()
 
 
 def test_lease_table_ddl_for_alembic() -> None:
@@ -235,7 +235,7 @@ def test_processes_hold_distinct_ids_and_a_killed_ones_id_comes_back(
         assert theirs and max(theirs) < min(mine)
         assert {parent.parse(i).worker for i in theirs} == {victim_worker}
         parent.close()
-        lease.dispose()
+        lease.close()
     finally:
         for p, stop in zip(procs, stops, strict=True):
             if p.is_alive():
@@ -275,4 +275,4 @@ def test_a_forked_child_leases_its_own_worker_id(database_url: str) -> None:
     assert gen.worker_id == mine  # the parent keeps its own
     gen.new_id()
     gen.close()
-    lease.dispose()
+    lease.close()

@@ -52,7 +52,7 @@ def reader() -> Iterator[InMemoryMetricReader]:
 def server(tmp_path) -> Iterator[TicketServer]:
     server = TicketServer(f"sqlite:///{tmp_path / 'tickets.db'}")
     yield server
-    server.dispose()
+    server.close()
 
 
 def read_back(reader: InMemoryMetricReader) -> dict[str, dict[tuple[str, int], float]]:
@@ -165,7 +165,7 @@ def test_failing_refills_show_until_one_works(reader, make_database, backend: st
             assert read_back(reader)["tickets.cache.refill_failures"][sequence, 64] == 0
         finally:
             cache.close()
-            server.dispose()
+            server.close()
 
 
 def test_figures_match_stats_per_sequence(server) -> None:

@@ -188,7 +188,7 @@ def test_cut_over_example_upgrade_downgrade_upgrade(make_database) -> None:
         with pytest.raises(sa.exc.IntegrityError):  # no identity left to generate an id
             conn.exec_driver_sql("INSERT INTO photos (title) VALUES ('no id')")
     engine.dispose()
-    server.dispose()
+    server.close()
 
 
 def test_init_creates_the_worker_lease_table(make_database) -> None:

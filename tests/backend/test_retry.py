@@ -95,7 +95,7 @@ def rig(request: pytest.FixtureRequest, make_database) -> Iterator[Rig]:
         yield Rig(url, proxy, engine, factory, COMMIT[request.param])
         engine.dispose()
     configure(None)
-    tickets.dispose()
+    tickets.close()
 
 
 def no_sleep(seconds: float) -> None:
@@ -313,7 +313,7 @@ def test_async_lost_commit_reply_and_violation(make_database, backend: str) -> N
             assert parents == 5 and members == 0
     finally:
         configure(None)
-        tickets.dispose()
+        tickets.close()
 
 
 async def _no_async_sleep(seconds: float) -> None:

@@ -156,7 +156,7 @@ def server(request: pytest.FixtureRequest, make_database: Callable[[str], str]) 
             yield Server(url, request.param, proxy)
     finally:
         configure(None)
-        tickets.dispose()
+        tickets.close()
 
 
 def make_graph(names: list[str]) -> list[Parent]:

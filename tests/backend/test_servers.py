@@ -46,7 +46,7 @@ def _draw(url: str, threads: int, calls: int) -> list[int]:
         t.start()
     for t in pool:
         t.join()
-    server.dispose()
+    server.close()
     return out
 
 
@@ -79,7 +79,7 @@ def test_two_servers_issue_odd_and_even_ids_in_balance(pair: tuple[str, str]) ->
     assert odd == sorted(odd) and even == sorted(even)
     block = servers.next_block("photos", 10)
     assert block.step == 2 and len(block) == 10
-    servers.dispose()
+    servers.close()
 
 
 def test_a_server_whose_stride_disagrees_issues_nothing(make_database) -> None:
@@ -145,7 +145,7 @@ def test_failover_when_a_server_is_down_hung_and_back(make_database, backend: st
         assert servers.status()[1]["up"] is True
         every = ids + down + hung + back
         assert len(set(every)) == len(every)
-        servers.dispose()
+        servers.close()
 
 
 @pytest.mark.parametrize("backend", NETWORK_BACKENDS)
@@ -160,7 +160,7 @@ def test_a_hung_server_is_an_error_after_its_timeout(make_database, backend: str
         with pytest.raises(TicketServerUnavailable):
             server.next_id("photos")
         assert time.monotonic() - started < 8
-        server.dispose()
+        server.close()
 
 
 def test_all_servers_down_is_a_clear_error() -> None:
@@ -187,7 +187,7 @@ def test_killing_a_real_second_server(private_mariadb_factory, make_database) ->
     after = [servers.next_id("photos") for _ in range(10)]
     assert all(i % 2 == 1 for i in after)
     assert len(set(before + after)) == 20
-    servers.dispose()
+    servers.close()
 
 
 @pytest.mark.parametrize("storage_engine", ["InnoDB", "MyISAM"])
@@ -216,7 +216,7 @@ def test_flickr_table_shared_with_legacy_replace_into(mysql_url: str, storage_en
     assert len(issued) == len(set(issued)) == 5 * 13
     assert issued == sorted(issued)
     legacy.dispose()
-    server.dispose()
+    server.close()
 
 
 def test_flickr_tables_take_the_servers_stride(private_mariadb_factory) -> None:
@@ -233,7 +233,7 @@ def test_flickr_tables_take_the_servers_stride(private_mariadb_factory) -> None:
     assert all(i % 2 == 0 for i in ids) and ids == sorted(ids) and len(set(ids)) == 6
     with pytest.raises(StrideMismatchError):
         TicketServers([url, url]).next_id()  # position 0 needs offset 1
-    server.dispose()
+    server.close()
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
@@ -248,7 +248,7 @@ def test_32_bit_sequence_stops_at_its_limit(make_database, backend: str) -> None
     with pytest.raises(ExhaustedError, match="0 left"):
         server.next_id("small", bits=32)
     assert server.describe("small").last_id == 2**31 - 1  # type: ignore[union-attr]
-    server.dispose()
+    server.close()
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
@@ -256,7 +256,7 @@ def test_unknown_sequence_without_create(make_database, backend: str) -> None:
     server = TicketServer(make_database(backend), create_missing=False)
     with pytest.raises(UnknownSequenceError, match="sqlalchemy-tickets init"):
         server.next_id("nothere")
-    server.dispose()
+    server.close()
 
 
 def test_sqlite_embedded_tickets_live_in_a_sibling_file(tmp_path: Path) -> None:
@@ -269,5 +269,5 @@ def test_sqlite_embedded_tickets_live_in_a_sibling_file(tmp_path: Path) -> None:
         assert cache.source.url.database == str(tmp_path / "app.db-tickets")
     finally:
         cache.close()
-        cache.source.dispose()  # type: ignore[attr-defined]
+        cache.source.close()  # type: ignore[attr-defined]
         engine.dispose()

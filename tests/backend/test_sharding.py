@@ -64,7 +64,7 @@ def server(shard_backend: str, make_database: Callable[[str], str]) -> Iterator[
     """A ticket server in a database of its own, apart from every shard."""
     ticket_server = TicketServer(make_database(shard_backend))
     yield ticket_server
-    ticket_server.dispose()
+    ticket_server.close()
 
 
 @pytest.fixture(autouse=True)

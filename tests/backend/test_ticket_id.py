@@ -42,7 +42,7 @@ def engine(database_url: str) -> Iterator[sa.Engine]:
     Base.metadata.create_all(engine)
     yield engine
     embedded_source(engine).close()
-    embedded_source(engine).source.dispose()
+    embedded_source(engine).source.close()
     engine.dispose()
 
 
@@ -171,4 +171,4 @@ def test_sequences_are_case_insensitive_and_separate(database_url: str) -> None:
         assert set(a).isdisjoint(b)
         assert list(c) == [1, 2, 3]
     finally:
-        server.dispose()
+        server.close()

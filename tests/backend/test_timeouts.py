@@ -82,7 +82,7 @@ def rig(request: pytest.FixtureRequest, make_database: Callable[[str], str]) -> 
             yield Rig(url, async_url, proxy)
     finally:
         configure(None)
-        tickets.dispose()
+        tickets.close()
 
 
 def run(coro: Any) -> Any:

@@ -49,7 +49,7 @@ def test_async_driver_urls_use_the_sync_driver_of_their_family(
             first = server.next_id("async_urls")
             assert list(server.next_block("async_urls", 3)) == [first + 1, first + 2, first + 3]
         finally:
-            server.dispose()
+            server.close()
         # Through configure(url): every flush gets its ids (before: 2 s, then unavailable).
         configure(url.render_as_string(hide_password=False))
         engine = sa.create_engine(f"sqlite:///{tmp_path / (driver + '.db')}")
@@ -74,7 +74,7 @@ def test_a_shared_in_memory_sqlite_ticket_server(
         assert [server.next_id("mem") for _ in range(3)] == [1, 2, 3]
         assert list(server.next_block("mem", 2)) == [4, 5]
     finally:
-        server.dispose()
+        server.close()
     assert list(tmp_path.iterdir()) == []  # in memory: no file appeared
 
 
@@ -96,7 +96,7 @@ def test_the_embedded_default_on_a_shared_in_memory_database(
         assert embedded_source(engine).source.url.query.get("mode") == "memory"  # type: ignore[attr-defined]
     finally:
         embedded_source(engine).close()
-        embedded_source(engine).source.dispose()  # type: ignore[attr-defined]
+        embedded_source(engine).source.close()  # type: ignore[attr-defined]
         keep.close()
         engine.dispose()
     assert list(tmp_path.iterdir()) == []

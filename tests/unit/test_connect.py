@@ -38,7 +38,7 @@ def test_a_hook_of_the_application_makes_the_ticket_servers_connections(tmp_path
         assert calls and all(path.endswith("app.db") for path in calls)
         assert engine.pool.checkedout() == 0
     finally:
-        server.dispose()
+        server.close()
         engine.dispose()
 
 
@@ -55,7 +55,7 @@ def test_a_hook_added_afterwards_is_honoured_too(tmp_path: Path) -> None:
         server.next_id("photos")
         assert later
     finally:
-        server.dispose()
+        server.close()
         engine.dispose()
 
 
@@ -74,7 +74,7 @@ def test_a_hook_that_makes_the_connection_itself_is_used(tmp_path: Path) -> None
         assert server.next_id("photos") == 1
         assert made
     finally:
-        server.dispose()
+        server.close()
         engine.dispose()
 
 
@@ -93,7 +93,7 @@ def test_an_application_creator_is_used(tmp_path: Path) -> None:
         assert made
         assert path.exists()  # the creator's file, not the URL's memory database
     finally:
-        server.dispose()
+        server.close()
         engine.dispose()
 
 
@@ -116,7 +116,7 @@ def test_the_application_connects_as_before(tmp_path: Path) -> None:
         assert len(seen) == library + 1
         assert "timeout" not in seen[-1]  # the library's busy timeout is not the application's
     finally:
-        server.dispose()
+        server.close()
         engine.dispose()
 
 
@@ -132,7 +132,7 @@ def test_an_async_engine_lends_its_url_on_the_synchronous_driver(tmp_path: Path)
         assert not server.own.inherits
         assert server.next_id("photos") == 1
     finally:
-        server.dispose()
+        server.close()
 
 
 def test_the_embedded_default_on_sqlite_uses_the_sibling_file(tmp_path: Path) -> None:
@@ -158,7 +158,7 @@ def test_worker_leases_inherit_too(tmp_path: Path) -> None:
         assert lease.renew(grant, 1)
         assert lease.own.inherits and calls
     finally:
-        lease.dispose()
+        lease.close()
         engine.dispose()
 
 

@@ -17,7 +17,7 @@ START_S = 1_700_000_000
 
 
 def test_layout_and_bson_reads_it() -> None:
-    gen = ObjectIdGenerator(clock=lambda: START_S * 1_000_000_000 + 123)
+    gen = ObjectIdGenerator(time_ns=lambda: START_S * 1_000_000_000 + 123)
     a, b = gen.new_id(), gen.new_id()
     assert len(a) == 24 and a == a.lower() and int(a, 16) >= 0
     assert a[:8] == f"{START_S:08x}"

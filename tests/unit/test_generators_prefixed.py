@@ -64,7 +64,7 @@ def test_shape(fmt: str, secure: bool) -> None:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_lexicographic_order_is_creation_order_whatever_the_clock(fmt: str) -> None:
     clock = Clock()
-    gen = PrefixedIdGenerator("post", format=fmt, clock=clock)  # type: ignore[arg-type]
+    gen = PrefixedIdGenerator("post", format=fmt, time_ns=clock)  # type: ignore[arg-type]
     values = []
     for step in [0, 0, 0, 1, 1, 5, 3, 3, 4, 6, 6, 2, 7, 100, 99]:
         clock.ms = START_MS + step
@@ -77,7 +77,7 @@ def test_lexicographic_order_is_creation_order_whatever_the_clock(fmt: str) -> N
 
 def test_counter_runs_within_a_millisecond_and_random_tail_is_fresh() -> None:
     clock = Clock()
-    gen = PrefixedIdGenerator("post", clock=clock)
+    gen = PrefixedIdGenerator("post", time_ns=clock)
     a, b = parse_prefixed(gen.new_id()).value, parse_prefixed(gen.new_id()).value
     assert (b >> 40) == (a >> 40) + 1  # 40-bit counter, then 40 random bits
     assert (a & (2**40 - 1)) != (b & (2**40 - 1))
@@ -173,8 +173,8 @@ def test_threads_unique_and_ordered_per_thread() -> None:
     assert len(set(flat)) == len(flat)
 
 
-_FROZEN = PrefixedIdGenerator("post", clock=lambda: START_MS * MS)
-_FROZEN_FAST = PrefixedIdGenerator("post", secure=False, clock=lambda: START_MS * MS)
+_FROZEN = PrefixedIdGenerator("post", time_ns=lambda: START_MS * MS)
+_FROZEN_FAST = PrefixedIdGenerator("post", secure=False, time_ns=lambda: START_MS * MS)
 
 
 def _child(queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]

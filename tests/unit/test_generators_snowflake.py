@@ -46,7 +46,7 @@ class FakeClock:
 
 
 def make(clock: FakeClock, worker_id: int = 5, **kw: object) -> SnowflakeGenerator:
-    return SnowflakeGenerator(worker_id, clock=clock, sleep=clock.sleep, **kw)  # type: ignore[arg-type]
+    return SnowflakeGenerator(worker_id, time_ns=clock, sleep=clock.sleep, **kw)  # type: ignore[arg-type]
 
 
 def test_default_layout_is_twitters() -> None:

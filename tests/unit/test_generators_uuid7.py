@@ -37,7 +37,7 @@ def test_rfc_9562_test_vector() -> None:
 
 
 def test_generated_at_the_rfc_timestamp_has_the_rfc_layout() -> None:
-    gen = UUID7Generator(clock=lambda: RFC_TS_MS * MS)
+    gen = UUID7Generator(time_ns=lambda: RFC_TS_MS * MS)
     value = gen.new_id()
     assert value.int >> 80 == RFC_TS_MS
     assert str(value).upper().startswith("017F22E2-79B0-7")
@@ -70,7 +70,7 @@ def _counter(value: uuid.UUID) -> int:
 
 def test_fallback_counter_method() -> None:
     now = [RFC_TS_MS * MS]
-    gen = UUID7Generator(clock=lambda: now[0], randbytes=Bytes())
+    gen = UUID7Generator(time_ns=lambda: now[0], randbytes=Bytes())
     a, b, c = gen.new_id(), gen.new_id(), gen.new_id()
     # Same millisecond: the 42-bit counter adds one; the last 32 bits are fresh random.
     assert _counter(b) == _counter(a) + 1 and _counter(c) == _counter(b) + 1
@@ -136,7 +136,7 @@ def _child_values(queue: multiprocessing.Queue) -> None:  # type: ignore[type-ar
     queue.put([gen.new_id().int for _ in range(500)])
 
 
-_FORKED = UUID7Generator(clock=lambda: RFC_TS_MS * MS)
+_FORKED = UUID7Generator(time_ns=lambda: RFC_TS_MS * MS)
 
 
 def test_forked_child_draws_fresh_random_bits() -> None:

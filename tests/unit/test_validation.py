@@ -111,7 +111,7 @@ def test_block_size_must_be_positive(tmp_path: Path) -> None:
         with pytest.raises(TicketsError, match="count"):
             server.next_block("photos", count)  # type: ignore[arg-type]
     assert sa.inspect(server.engine).get_table_names() == []  # refused before anything was written
-    server.dispose()
+    server.close()
 
 
 def test_storage_types_follow_bits() -> None:

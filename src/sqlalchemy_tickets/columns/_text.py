@@ -1,12 +1,17 @@
-"""What the string id columns (``PrefixedId``, ``ObjectId``) share: byte-ordered ASCII storage
-and the operators whose right-hand side is a whole id."""
+"""What the string id columns (``PrefixedId``, ``ObjectId``) share: byte-ordered ASCII storage,
+the operators whose right-hand side is a whole id, and the checks a bound value goes through."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 from sqlalchemy.sql import operators
 from sqlalchemy.types import TypeEngine
+
+from ._assign import AssignedIdType, EngineGetter
 
 
 def ascii_string(length: int) -> TypeEngine[str]:
@@ -37,3 +42,33 @@ WHOLE_ID_OPERATORS = frozenset(
         operators.is_not_distinct_from,
     }
 )
+
+
+class TextId(AssignedIdType):
+    """Mixin of the string id types: a ``generator`` shared per configuration, ``new_id`` its
+    callable, and ``process_bind_param`` that refuses a value of the wrong shape."""
+
+    generator: Hashable
+    new_id: Callable[[], str]
+
+    @property
+    def python_type(self) -> type[str]:
+        return str
+
+    def process_bind_param(self, value: Any, dialect: Any) -> str | None:
+        raise NotImplementedError
+
+    def coerce_compared_value(self, op: Any, value: Any) -> Any:
+        return self if op in WHOLE_ID_OPERATORS else sa.String()
+
+    def check_assigned(self, value: Any) -> None:
+        # A flush refuses a foreign value itself, as a plain TicketsError (a ValueError),
+        # rather than as the StatementError SQLAlchemy wraps bind-time errors in.
+        self.process_bind_param(value, None)
+
+    def assign_group(self, engine: EngineGetter) -> Hashable:
+        return self.generator
+
+    def new_ids(self, engine: EngineGetter, count: int) -> list[str]:
+        new_id = self.new_id
+        return [new_id() for _ in range(count)]

@@ -8,7 +8,7 @@ the order they were made in — and index keys take one byte per character.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Any, Literal
 
 import sqlalchemy as sa
@@ -24,13 +24,12 @@ from ..generators.prefixed import (
     check_prefix,
     check_value,
 )
-from ._assign import AssignedIdType, EngineGetter
-from ._text import WHOLE_ID_OPERATORS, ascii_string
+from ._text import TextId, ascii_string
 
 __all__ = ["PrefixedId"]
 
 
-class PrefixedId(AssignedIdType, TypeDecorator[str]):
+class PrefixedId(TextId, TypeDecorator[str]):
     """A string key like ``post_01jd5m8w3kx…``: time-ordered, URL-safe, prefix-checked.
 
     Args:
@@ -70,19 +69,12 @@ class PrefixedId(AssignedIdType, TypeDecorator[str]):
         self.length = len(prefix) + (1 if prefix else 0) + BODY_LENGTH
         super().__init__(self.length)
         self.impl = ascii_string(self.length)  # type: ignore[assignment]
-        key = (self.prefix, format, self.secure)
-        with _registry.lock:
-            generator = _registry.prefixed.get(key)
-            if generator is None:
-                generator = _registry.prefixed[key] = PrefixedIdGenerator(
-                    prefix, format=format, secure=self.secure
-                )
+        generator = _registry.prefixed.get(
+            (self.prefix, format, self.secure),
+            lambda: PrefixedIdGenerator(prefix, format=format, secure=self.secure),
+        )
         self.generator = generator
         self.new_id = generator.new_id
-
-    @property
-    def python_type(self) -> type[str]:
-        return str
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
         if value is None:
@@ -90,21 +82,6 @@ class PrefixedId(AssignedIdType, TypeDecorator[str]):
         if not isinstance(value, str) and hasattr(value, "suffix") and hasattr(value, "prefix"):
             value = str(value)  # typeid.TypeID
         return check_value(self.prefix, value)
-
-    def coerce_compared_value(self, op: Any, value: Any) -> Any:
-        return self if op in WHOLE_ID_OPERATORS else sa.String()
-
-    def check_assigned(self, value: Any) -> None:
-        # A flush refuses a foreign prefix itself, as a plain TicketsError (a ValueError),
-        # rather than as the StatementError SQLAlchemy wraps bind-time errors in.
-        self.process_bind_param(value, None)  # type: ignore[arg-type]
-
-    def assign_group(self, engine: EngineGetter) -> Hashable:
-        return self.generator
-
-    def new_ids(self, engine: EngineGetter, count: int) -> list[str]:
-        new_id = self.new_id
-        return [new_id() for _ in range(count)]
 
     def __repr__(self) -> str:
         args = [repr(self.prefix)]

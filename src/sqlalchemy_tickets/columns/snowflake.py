@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine
 from sqlalchemy.types import TypeDecorator
 
+from .._deprecation import renamed_keyword
 from ..dialects import backend_for
 from ..errors import TicketsError
 from ..generators import _registry
@@ -59,7 +60,8 @@ class SnowflakeId(AssignedIdType, TypeDecorator[int]):
         epoch: Unix ms or ``datetime``; default Twitter's (2010-11-04T01:42:54.657Z).
         timestamp_bits, worker_bits, sequence_bits: the layout (sum <= 63).
         max_backward_ms: backward clock steps up to this are waited out; larger ones raise.
-        clock: nanoseconds since the Unix epoch (tests); default ``time.time_ns``.
+        time_ns: reads the time as integer nanoseconds since the Unix epoch (tests); default
+            ``time.time_ns``. ``clock=`` is a deprecated alias.
     """
 
     impl = sa.BigInteger
@@ -78,6 +80,7 @@ class SnowflakeId(AssignedIdType, TypeDecorator[int]):
         worker_bits: int = 10,
         sequence_bits: int = 12,
         max_backward_ms: int = DEFAULT_MAX_BACKWARD_MS,
+        time_ns: Callable[[], int] | None = None,
         clock: Callable[[], int] | None = None,
     ) -> None:
         super().__init__()
@@ -90,7 +93,7 @@ class SnowflakeId(AssignedIdType, TypeDecorator[int]):
         self.worker_bits = worker_bits
         self.sequence_bits = sequence_bits
         self.max_backward_ms = max_backward_ms
-        self.clock = clock
+        self.time_ns = renamed_keyword("SnowflakeId", "clock", "time_ns", clock, time_ns)
         self.layout = SnowflakeLayout(timestamp_bits, worker_bits, sequence_bits)
         if worker_id is not None and worker_lease is not None:
             raise TicketsError("SnowflakeId takes worker_id or worker_lease, not both")
@@ -110,22 +113,22 @@ class SnowflakeId(AssignedIdType, TypeDecorator[int]):
         self.new_id = generator.new_id if generator is not None else self._new_id_unresolved
 
     def _generator(self, who: Hashable, bind: Any) -> SnowflakeGenerator:
-        key = (who, self.epoch, self.layout, self.max_backward_ms, self.clock)
-        with _registry.lock:
-            found = _registry.snowflakes.get(key)
-            if found is None:
-                lease = None if self.worker_id is not None else _lease(self, bind)
-                extra: dict[str, Any] = {} if self.clock is None else {"clock": self.clock}
-                found = SnowflakeGenerator(
-                    self.worker_id,
-                    lease=lease,
-                    epoch=self.epoch,
-                    layout=self.layout,
-                    max_backward_ms=self.max_backward_ms,
-                    **extra,
-                )
-                _registry.snowflakes[key] = found
-        return found
+        key = (who, self.epoch, self.layout, self.max_backward_ms, self.time_ns)
+
+        def make() -> SnowflakeGenerator:
+            lease = None if self.worker_id is not None else _lease(self, bind)
+            extra: dict[str, Any] = {} if self.time_ns is None else {"time_ns": self.time_ns}
+            return SnowflakeGenerator(
+                self.worker_id,
+                lease=lease,
+                epoch=self.epoch,
+                layout=self.layout,
+                max_backward_ms=self.max_backward_ms,
+                **extra,
+            )
+
+        # An injected time source (tests) is held only while a column uses it.
+        return _registry.snowflakes.get(key, make, weak=self.time_ns is not None)
 
     def _new_id_unresolved(self) -> int:
         generator = self._slot.generator
@@ -193,16 +196,14 @@ def _lease_key(type_: SnowflakeId, bind: object) -> Hashable:
 
 
 def _lease(type_: SnowflakeId, bind: Any) -> WorkerLease:
-    """The shared WorkerLease for a bind (call with the registry lock held)."""
+    """The shared WorkerLease for a bind (held while a generator uses it)."""
     if isinstance(bind, WorkerLease):
         return bind
-    key = _lease_key(type_, bind)
-    found = _registry.leases.get(key)
-    if found is None:
-        found = _registry.leases[key] = WorkerLease(
-            bind, namespace=type_.lease_namespace, ttl=type_.lease_ttl
-        )
-    return found
+    return _registry.leases.get(
+        _lease_key(type_, bind),
+        lambda: WorkerLease(bind, namespace=type_.lease_namespace, ttl=type_.lease_ttl),
+        weak=True,
+    )
 
 
 SnowflakeId.__module__ = "sqlalchemy_tickets"

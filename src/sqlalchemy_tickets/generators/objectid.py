@@ -16,12 +16,11 @@ from __future__ import annotations
 import os
 import re
 import threading
-import time
-import weakref
 from collections.abc import Callable
 from datetime import datetime, timezone
 
 from .. import _process
+from .._deprecation import time_ns_keyword
 from ..errors import TicketsError
 
 __all__ = ["ObjectIdGenerator", "check_object_id", "object_id_time"]
@@ -57,20 +56,25 @@ class ObjectIdGenerator:
     """Thread-safe ObjectId generator.
 
     Args:
-        clock: nanoseconds since the Unix epoch (default ``time.time_ns``).
+        time_ns: reads the time, as integer nanoseconds since the Unix epoch (default
+            ``time.time_ns``; tests inject one). ``clock=`` is a deprecated alias.
     """
 
-    def __init__(self, *, clock: Callable[[], int] = time.time_ns) -> None:
-        self.clock = clock
+    def __init__(
+        self,
+        *,
+        time_ns: Callable[[], int] | None = None,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        self.time_ns = time_ns_keyword("ObjectIdGenerator", time_ns, clock)
         self._lock = threading.Lock()
         self._process = os.urandom(5).hex()
         self._counter = int.from_bytes(os.urandom(3), "big")
-        with _instances_lock:
-            _instances.add(self)
+        _process.track(self)
 
     def new_id(self) -> str:
         """A new ObjectId as 24 lowercase hex characters."""
-        seconds = self.clock() // 1_000_000_000
+        seconds = self.time_ns() // 1_000_000_000
         if not 0 <= seconds < 1 << 32:
             raise TicketsError(f"clock reads {seconds} s since 1970: outside ObjectId's 32 bits")
         with self._lock:
@@ -88,17 +92,3 @@ class ObjectIdGenerator:
 
     def __repr__(self) -> str:
         return "ObjectIdGenerator()"
-
-
-_instances: weakref.WeakSet[ObjectIdGenerator] = weakref.WeakSet()
-_instances_lock = threading.Lock()
-
-
-def _after_fork_in_child() -> None:
-    global _instances_lock
-    _instances_lock = threading.Lock()
-    for generator in list(_instances):
-        generator._after_fork_in_child()
-
-
-_process.after_fork_in_child(_after_fork_in_child)

@@ -43,15 +43,14 @@ import os
 import random
 import re
 import threading
-import time
 import uuid
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Literal
 
 from .. import _process
+from .._deprecation import time_ns_keyword
 from ..errors import TicketsError
 
 __all__ = [
@@ -188,7 +187,8 @@ class PrefixedIdGenerator:
         prefix: see :func:`check_prefix`.
         format: ``"ulid"`` (default) or ``"typeid"`` — see the module documentation.
         secure: random bits from the OS CSPRNG (default) or a seeded PRNG (faster, guessable).
-        clock: nanoseconds since the Unix epoch (default ``time.time_ns``); tests inject one.
+        time_ns: reads the time, as integer nanoseconds since the Unix epoch (default
+            ``time.time_ns``; tests inject one). ``clock=`` is a deprecated alias.
 
     Generators are cheap; to keep one column's ids in one increasing sequence, share one
     generator (the ``PrefixedId`` column type does, per prefix and format).
@@ -200,23 +200,23 @@ class PrefixedIdGenerator:
         *,
         format: Literal["ulid", "typeid"] = "ulid",
         secure: bool = True,
-        clock: Callable[[], int] = time.time_ns,
+        time_ns: Callable[[], int] | None = None,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         if format not in FORMATS:
             raise TicketsError(f"format must be one of {FORMATS}, not {format!r}")
         self.prefix = check_prefix(prefix, allow_empty=format == "typeid")
         self.format = format
         self.secure = bool(secure)
-        self.clock = clock
+        self.time_ns = time_ns_keyword("PrefixedIdGenerator", time_ns, clock)
         self._random = _RandomText(self.secure)
         self.new_id: Callable[[], str]
         self._reinit: Callable[[], None]
         self._build()
-        with _instances_lock:
-            _instances.add(self)
+        _process.track(self)
 
     def _build(self) -> None:
-        clock = self.clock
+        clock = self.time_ns
         head_prefix = self.prefix + "_" if self.prefix else ""
         pairs = _PAIRS
         rand = self._random
@@ -298,6 +298,10 @@ class PrefixedIdGenerator:
         """Split an id of this generator's prefix into prefix, time and value."""
         return parse(self.check(value))
 
+    def _after_fork_in_child(self) -> None:
+        """The parent's random state and last id must not be reused: start afresh."""
+        self._reinit()
+
     def __repr__(self) -> str:
         return f"PrefixedIdGenerator({self.prefix!r}, format={self.format!r})"
 
@@ -307,12 +311,13 @@ def _pattern(prefix: str) -> re.Pattern[str]:
     if found is None:
         head = re.escape(prefix) + "_" if prefix else ""
         found = re.compile(head + r"[0-7][" + ALPHABET + r"]{25}\Z")
-        with _instances_lock:
+        with _patterns_lock:
             _patterns[prefix] = found
     return found
 
 
 _patterns: dict[str, re.Pattern[str]] = {}
+_patterns_lock = threading.Lock()
 
 
 def show(value: str, limit: int = 100) -> str:
@@ -407,15 +412,9 @@ def from_uuid(prefix: str, value: uuid.UUID) -> str:
     return f"{check_prefix(prefix, allow_empty=True)}_{body}" if prefix else body
 
 
-_instances: weakref.WeakSet[PrefixedIdGenerator] = weakref.WeakSet()
-_instances_lock = threading.Lock()
-
-
 def _after_fork_in_child() -> None:
-    global _instances_lock
-    _instances_lock = threading.Lock()  # a parent thread may have held it at fork time
-    for generator in list(_instances):
-        generator._reinit()
+    global _patterns_lock
+    _patterns_lock = threading.Lock()  # a parent thread may have held it at fork time
 
 
 _process.after_fork_in_child(_after_fork_in_child)

@@ -48,13 +48,13 @@ import os
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import NamedTuple
 
 from .. import _process
+from .._deprecation import time_ns_keyword
 from ..errors import ExhaustedError, TicketsError
 from ..sources.lease import Heartbeat, LeaseGrant, WorkerLease
 
@@ -166,7 +166,8 @@ class SnowflakeGenerator:
         epoch: Unix milliseconds or a ``datetime``; default Twitter's (2010-11-04).
         layout: bit widths (default 41/10/12).
         max_backward_ms: largest backward clock step waited out; larger ones raise.
-        clock: nanoseconds since the Unix epoch (default ``time.time_ns``).
+        time_ns: reads the time, as integer nanoseconds since the Unix epoch (default
+            ``time.time_ns``; tests inject one). ``clock=`` is a deprecated alias.
         sleep: how to wait, in seconds (default :func:`wait`: spins under 2 ms, else
             ``time.sleep``); tests pass one that moves their clock.
     """
@@ -179,7 +180,8 @@ class SnowflakeGenerator:
         epoch: int | datetime = TWITTER_EPOCH_MS,
         layout: SnowflakeLayout | None = None,
         max_backward_ms: int = DEFAULT_MAX_BACKWARD_MS,
-        clock: Callable[[], int] = time.time_ns,
+        time_ns: Callable[[], int] | None = None,
+        clock: Callable[[], int] | None = None,
         sleep: Callable[[float], None] = wait,
     ) -> None:
         self.layout = layout if layout is not None else SnowflakeLayout()
@@ -207,7 +209,7 @@ class SnowflakeGenerator:
                     f"({self.layout.worker_bits} worker bits)"
                 )
         self.lease = lease
-        self.clock = clock
+        self.time_ns = time_ns_keyword("SnowflakeGenerator", time_ns, clock)
         self.sleep = sleep
 
         self._lock = threading.Lock()
@@ -223,13 +225,12 @@ class SnowflakeGenerator:
         self.new_id: Callable[[], int]
         self._publish: Callable[[_Window], None]
         self._build()
-        with _instances_lock:
-            _instances.add(self)
+        _process.track(self)
 
     # -- the hot path ------------------------------------------------------------------------
 
     def _build(self) -> None:
-        clock = self.clock
+        clock = self.time_ns
         slow = self._slow
         window = _CLOSED
 
@@ -267,7 +268,7 @@ class SnowflakeGenerator:
             # The caller's reading may be stale: a thread preempted between reading the clock
             # and getting here (the GIL switches every 5 ms) must not look like a clock that
             # stepped back. Readings taken under the lock are ordered like the windows.
-            now = self.clock()
+            now = self.time_ns()
             while True:
                 w = self._window
                 if w[0] <= now < w[1]:
@@ -296,7 +297,7 @@ class SnowflakeGenerator:
                     continue
                 if self._worker is None:
                     self._acquire(ms)
-                    now = self.clock()  # the round trips took time
+                    now = self.time_ns()  # the round trips took time
                     continue
                 floor = self._floor_ms
                 if ms <= floor:
@@ -307,7 +308,7 @@ class SnowflakeGenerator:
                     continue
                 if ms > self._limit_ms:
                     self._renew_now(ms)
-                    now = self.clock()
+                    now = self.time_ns()
                     continue
                 t = ms - self.epoch_ms
                 layout = self.layout
@@ -341,7 +342,7 @@ class SnowflakeGenerator:
     def _pause(self, until_ns: int, now: int) -> int:
         """Wait until the clock reads ``until_ns`` (roughly); return the new reading."""
         self.sleep(max(until_ns - now, 1000) / 1e9)
-        return self.clock()
+        return self.time_ns()
 
     def _retire(self) -> None:
         """Stop the lock-free path from issuing more ids of the current window."""
@@ -412,7 +413,7 @@ class SnowflakeGenerator:
             grant, lease = self._grant, self.lease
             if grant is None or lease is None or self._closed:
                 return False
-            until = max(self.clock() // 1_000_000 + lease.ttl_ms, self._limit_ms)
+            until = max(self.time_ns() // 1_000_000 + lease.ttl_ms, self._limit_ms)
         try:
             renewed = lease.renew(grant, until)
         except Exception as error:
@@ -527,19 +528,8 @@ def _iso(ms: int) -> str:
         return f"{ms} ms since 1970"
 
 
-_instances: weakref.WeakSet[SnowflakeGenerator] = weakref.WeakSet()
-_instances_lock = threading.Lock()
-
-
-def _after_fork_in_child() -> None:
-    global _instances_lock
-    _instances_lock = threading.Lock()
-    for generator in list(_instances):
-        generator._after_fork_in_child()
-
-
 def _release_all_at_exit() -> None:
-    for generator in list(_instances):
+    for generator in _process.tracked(SnowflakeGenerator):
         if generator.lease is not None:
             try:
                 generator.close()
@@ -547,5 +537,4 @@ def _release_all_at_exit() -> None:
                 pass
 
 
-_process.after_fork_in_child(_after_fork_in_child)
 _process.at_exit(_release_all_at_exit)

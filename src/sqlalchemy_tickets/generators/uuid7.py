@@ -25,14 +25,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 import uuid
-import weakref
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
 from .. import _process
+from .._deprecation import time_ns_keyword
 from ..errors import TicketsError
 
 __all__ = [
@@ -82,26 +81,27 @@ class UUID7Generator:
     """Pure-Python, thread-safe UUIDv7 generator (RFC 9562 §6.2 method 1, 42-bit counter).
 
     Args:
-        clock: nanoseconds since the Unix epoch (default ``time.time_ns``).
+        time_ns: reads the time, as integer nanoseconds since the Unix epoch (default
+            ``time.time_ns``; tests inject one). ``clock=`` is a deprecated alias.
         randbytes: ``n -> n random bytes`` (default ``os.urandom``, read 4 KiB at a time).
     """
 
     def __init__(
         self,
         *,
-        clock: Callable[[], int] = time.time_ns,
+        time_ns: Callable[[], int] | None = None,
+        clock: Callable[[], int] | None = None,
         randbytes: Callable[[int], bytes] = os.urandom,
     ) -> None:
-        self.clock = clock
+        self.time_ns = time_ns_keyword("UUID7Generator", time_ns, clock)
         self.randbytes = randbytes
         self.new_id: Callable[[], uuid.UUID]
         self._reinit: Callable[[], None]
         self._build()
-        with _instances_lock:
-            _instances.add(self)
+        _process.track(self)
 
     def _build(self) -> None:
-        clock = self.clock
+        clock = self.time_ns
         randbytes = self.randbytes
         lock = threading.Lock()
         last_ms = -1
@@ -156,20 +156,17 @@ class UUID7Generator:
         self.new_id = new_id
         self._reinit = reinit
 
+    def _after_fork_in_child(self) -> None:
+        """The parent's random state and last id must not be reused: start afresh."""
+        self._reinit()
+
     def __repr__(self) -> str:
         return "UUID7Generator()"
 
 
-_instances: weakref.WeakSet[UUID7Generator] = weakref.WeakSet()
-_instances_lock = threading.Lock()
-
-
 def _after_fork_in_child() -> None:
-    global _instances_lock, _chosen_lock
-    _instances_lock = threading.Lock()
+    global _chosen_lock
     _chosen_lock = threading.Lock()
-    for generator in list(_instances):
-        generator._reinit()
 
 
 _process.after_fork_in_child(_after_fork_in_child)

@@ -18,6 +18,8 @@ EMBEDDED_WASTE_BUDGET = 10_000
 
 _lock = threading.Lock()
 _configured: TicketSource | None = None
+# What configure() made from a URL: closed when replaced.
+_built: tuple[CachedSource, TicketServer] | None = None
 _embedded: weakref.WeakKeyDictionary[Engine, CachedSource] = weakref.WeakKeyDictionary()
 
 
@@ -29,15 +31,26 @@ def configure(source: TicketSource | str | URL | None) -> None:
     becomes ``CachedSource(TicketServer(url))``: the fast path. ``None`` restores the embedded
     default.
     """
-    global _configured
+    global _configured, _built
+    built: tuple[CachedSource, TicketServer] | None = None
     if isinstance(source, (str, URL)):
-        source = CachedSource(TicketServer(source))
+        server = TicketServer(source)
+        source = CachedSource(server)
+        built = (source, server)
     elif source is not None and not isinstance(source, TicketSource):
         raise TicketsError(
             f"{source!r} is not a ticket source: it needs next_id() and next_block() methods"
         )
     with _lock:
         _configured = source
+        replaced, _built = _built, built
+    # A source the caller passed in is theirs to close; one built here from a URL is ours, and
+    # nothing else holds it: close it (its ids given up, its connections closed), after the
+    # swap, so that new calls already go to the new source.
+    if replaced is not None:
+        cache, server = replaced
+        cache.close()
+        server.close()
 
 
 def configured_source() -> TicketSource | None:

@@ -55,6 +55,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
+from .._deprecation import deprecated_alias
 from ..dialects._connect import Bind, OwnEngine, engine_of, to_url
 from ..errors import TicketsError
 
@@ -439,11 +440,13 @@ class WorkerLease:
             )
             return [LeaseRow(int(r[0]), r[1], r[2], int(r[3]), int(r[4])) for r in result]
 
-    def dispose(self) -> None:
-        """Close the lease's connections."""
+    def close(self) -> None:
+        """Close the lease's connections (ids held by generators stay leased: close those)."""
         own, self._own = self._own, None
         if own is not None:
             own.dispose()
+
+    dispose = deprecated_alias(close, "dispose")
 
     def _after_fork_in_child(self) -> None:
         """The parent's pooled connections are not ours to use or close."""

@@ -14,6 +14,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
 
 from .. import _process
+from .._deprecation import deprecated_alias
 from .._naming import (
     DEFAULT_TABLE_TEMPLATE,
     TicketTable,
@@ -275,14 +276,16 @@ class TicketServer:
         with self._lock:
             return {"issued": self._issued, "round_trips": self._round_trips}
 
-    def dispose(self) -> None:
-        """Close the server's connections."""
+    def close(self) -> None:
+        """Close the server's connections (a later call opens new ones)."""
         with self._lock:
             idle, self._idle = self._idle, []
         for conn, cursor in idle:
             _close_quietly(cursor)
             conn.close()
         self.own.dispose()
+
+    dispose = deprecated_alias(close, "dispose")
 
     def with_stride(self, increment: int, offset: int) -> TicketServer:
         """A server on the same database that must have this stride (for :class:`TicketServers`)."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import URL, Engine
 
+from .._deprecation import deprecated_alias
 from .._naming import TicketTable
 from ..errors import ExhaustedError, TicketsError, TicketServerUnavailable
 from .base import check_count, check_ids
@@ -158,8 +159,20 @@ class TicketServers:
                 highest = max(highest, info.last_id)
         return highest
 
+    def stats(self) -> dict[str, int]:
+        """Ids issued and round trips made through these servers (all sequences): the same
+        counters as :meth:`TicketServer.stats` and :meth:`CachedSource.stats`, summed over the
+        servers."""
+        total = {"issued": 0, "round_trips": 0}
+        for member in self._members:
+            for key, value in member.server.stats().items():
+                total[key] = total.get(key, 0) + value
+        return total
+
     def status(self) -> list[dict[str, object]]:
-        """Each server's health as this process sees it."""
+        """Each server's health as this process sees it: whether it is being skipped, after
+        how many failures, for how much longer, and the last error (counters are in
+        :meth:`stats`)."""
         now = self._clock()
         with self._lock:
             return [
@@ -173,9 +186,12 @@ class TicketServers:
                 for m in self._members
             ]
 
-    def dispose(self) -> None:
+    def close(self) -> None:
+        """Close every server's connections."""
         for member in self._members:
-            member.server.dispose()
+            member.server.close()
+
+    dispose = deprecated_alias(close, "dispose")
 
     def _failed(self, member: _Member, error: Exception) -> None:
         with self._lock:
