@@ -367,7 +367,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         configure(None)
         if isinstance(source, CachedSource):
             source.close()
-        servers.dispose()
+        servers.close()
         directory.dispose()
         for engine in engines.values():
             engine.dispose()

@@ -47,7 +47,7 @@ def _drain(tier: DatacenterTier, sequence: str, count: int, per: int | None = No
 def upstream(backend: str, make_database: Callable[[str], str]) -> Iterator[TicketServer]:
     server = TicketServer(make_database(backend))
     yield server
-    server.dispose()
+    server.close()
 
 
 @pytest.fixture
@@ -101,7 +101,7 @@ def test_a_range_given_back_keeps_its_stride(backend: str, make_database: Any) -
             assert tier.give_back("photos", block[3:7]) == 4
             assert tier.next_block("photos", 10) == block[3:7]
     finally:
-        up.dispose()
+        up.close()
 
 
 def test_bad_input_is_refused_before_anything_is_written(
@@ -155,7 +155,7 @@ def test_tables_created_once_described_and_apart_from_sequence_tables(
     try:
         assert server.next_id("dc__stock") == 1
     finally:
-        server.dispose()
+        server.close()
     engine = sa.create_engine(database_url)
     try:
         names = set(sa.inspect(engine).get_table_names())
@@ -247,7 +247,7 @@ def test_the_stock_serves_a_new_process_with_upstream_down(
     with DatacenterTier(url, upstream, supply=0.001, min_block=200) as tier:
         before = tier.next_block("photos", 1)
         assert tier.wait_idle(10)
-    upstream.dispose()
+    upstream.close()
     held = _status(url).stock
     assert held >= 100
     proxy.refuse()  # the global tier is down
@@ -295,4 +295,4 @@ def test_callers_never_wait_on_a_hung_upstream(
     finally:
         proxy.forward()
         tier.close()
-        upstream.dispose()
+        upstream.close()
