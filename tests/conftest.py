@@ -81,6 +81,30 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         )
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The one place a test's backends are chosen: a test that uses the ``backend`` fixture (or
+    ``database_url``) runs once per backend of its ``@pytest.mark.backend("postgresql", ...)``
+    marker (on the test, its class or its module: the closest wins), else once per ``BACKENDS``.
+    Only a ``parametrize`` that ties each backend to other arguments names it itself."""
+    if "backend" not in metafunc.fixturenames:
+        return
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        argnames = mark.args[0] if mark.args else mark.kwargs["argnames"]
+        if isinstance(argnames, str):
+            argnames = [name.strip() for name in argnames.split(",")]
+        if "backend" in argnames:
+            return  # backend tied to other arguments, case by case (test_offline_scripts_run)
+    where = metafunc.definition.nodeid
+    marker = metafunc.definition.get_closest_marker("backend")
+    names = list(BACKENDS) if marker is None else list(marker.args)
+    unknown = [name for name in names if name not in BACKENDS]
+    if not names or unknown:
+        raise ValueError(
+            f"{where}: @pytest.mark.backend takes names from {BACKENDS}, not {names!r}"
+        )
+    metafunc.parametrize("backend", names, ids=names)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Prepare the list of backend-resolution notes shown in the terminal summary."""
     config.stash[_NOTES_KEY] = []
@@ -365,9 +389,10 @@ def make_database(
         raise RuntimeError("could not drop test databases: " + "; ".join(errors))
 
 
-@pytest.fixture(params=BACKENDS, ids=BACKENDS)
+@pytest.fixture
 def backend(request: pytest.FixtureRequest) -> str:
-    """Backend name; tests using it (or ``database_url``) run once per backend."""
+    """Backend name; tests using it (or ``database_url``) run once per backend of their
+    ``@pytest.mark.backend`` marker, else of ``BACKENDS`` (see ``pytest_generate_tests``)."""
     name: str = request.param
     return name
 

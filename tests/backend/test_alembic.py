@@ -72,16 +72,16 @@ def operations(url: str) -> Iterator[Operations]:
         engine.dispose()
 
 
-@pytest.fixture(params=BACKENDS)
-def url(request: pytest.FixtureRequest, make_database: Callable[[str], str]) -> str:
-    """A fresh, empty database on each backend."""
-    return make_database(request.param)
+@pytest.fixture
+def url(database_url: str) -> str:
+    """A fresh, empty database on each backend (``@pytest.mark.backend`` narrows them)."""
+    return database_url
 
 
 # -- the example projects, online ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+@pytest.mark.backend("sqlite", "postgresql")
 def test_app_example_upgrade_downgrade_upgrade(
     backend: str, make_database: Callable[[str], str]
 ) -> None:
@@ -487,7 +487,7 @@ def test_autogenerate_is_quiet_once_the_tables_exist(url: str) -> None:
     assert {"tickets__photos", "tickets__tags"} <= dropped
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+@pytest.mark.backend("sqlite", "postgresql")
 def test_revision_autogenerate_end_to_end(
     backend: str, make_database: Callable[[str], str], tmp_path: Path
 ) -> None:
@@ -585,7 +585,7 @@ def ticket_tables_in(url: str) -> set[str]:
     return {n for n in table_names(url) if n.lower().startswith("tickets")}
 
 
-@pytest.mark.parametrize("backend", ["postgresql", "mysql"])
+@pytest.mark.backend("postgresql", "mysql")
 def test_autogenerate_proposes_nothing_for_a_configured_dedicated_server(
     backend: str, make_database: Callable[[str], str], tmp_path: Path
 ) -> None:

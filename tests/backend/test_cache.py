@@ -38,7 +38,7 @@ def server(database_url: str) -> Iterator[TicketServer]:
     server.close()
 
 
-@pytest.mark.parametrize("backend", ["postgresql", "mysql"])
+@pytest.mark.backend("postgresql", "mysql")
 def test_hundred_thousand_ids_in_order_with_few_round_trips(server: TicketServer) -> None:
     with CachedSource(server) as cache:
         ids = [cache.next_id("photos") for _ in range(100_000)]
@@ -142,7 +142,7 @@ def test_closed_cache_refuses(server: TicketServer) -> None:
 
 
 @pytest.mark.parametrize("fault", ["refuse", "hang"])
-@pytest.mark.parametrize("backend", ["postgresql", "mysql"])
+@pytest.mark.backend("postgresql", "mysql")
 def test_an_outage_is_ridden_out_on_what_the_cache_holds(
     make_database, backend: str, fault: str
 ) -> None:
@@ -169,7 +169,7 @@ def test_an_outage_is_ridden_out_on_what_the_cache_holds(
         server.close()
 
 
-@pytest.mark.parametrize("backend", ["postgresql", "mysql"])
+@pytest.mark.backend("postgresql", "mysql")
 def test_empty_cache_with_no_upstream_fails_within_its_timeout(make_database, backend: str) -> None:
     url = make_database(backend)
     target = sa.engine.make_url(url)

@@ -97,7 +97,7 @@ def _embedded_once(url: str, queue: Any) -> None:
     queue.put(_insert(engine, [1]))
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+@pytest.mark.backend("sqlite", "postgresql")
 def test_a_restart_of_the_embedded_default_burns_at_most_ten_thousand(
     make_database: Callable[[str], str], backend: str
 ) -> None:

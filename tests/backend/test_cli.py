@@ -55,7 +55,6 @@ def test_python_dash_m_is_the_same_command(tmp_path: Path) -> None:
     assert result.returncode == 0 and result.stdout.startswith("sqlalchemy-tickets ")
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
 def test_init_then_next(make_database, backend: str) -> None:
     url = make_database(backend)
     init = run("init", "--url", url, "Photos", "Accounts")
@@ -85,7 +84,6 @@ def test_flickr_tables_by_default(make_database) -> None:
 # -- init with several servers ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
 def test_init_several_servers_gives_each_its_position(make_database, backend: str) -> None:
     a, b = make_database(backend), make_database(backend)
     result = run("init", "--url", a, "--url", b, "Photos", "Accounts")
@@ -125,7 +123,6 @@ def test_init_several_servers_overridden_by_flags(make_database) -> None:
     assert describe(c, "photos")[:2] == (3, 3) and describe(d, "photos")[:2] == (3, 1)
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
 def test_init_refuses_an_existing_table_with_another_stride(make_database, backend: str) -> None:
     a, b = make_database(backend), make_database(backend)
     assert run("init", "--url", a, "photos").returncode == 0
@@ -229,7 +226,6 @@ def test_status_never_creates_a_database(tmp_path: Path) -> None:
     assert sync.returncode == 1 and not missing.exists()
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
 def test_status_on_a_database_without_ticket_tables_says_so(make_database, backend: str) -> None:
     url = make_database(backend)
     if backend == "sqlite":  # a file that exists, with an application table only
@@ -277,7 +273,6 @@ def test_sync_names_its_sequence_explicitly(make_database) -> None:
     assert run("next", "--url", url).stdout.split() == ["42"]
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
 def test_sync_refuses_a_non_integer_column_in_one_line(make_database, backend: str) -> None:
     import sqlalchemy as sa
 

@@ -35,7 +35,7 @@ def test_the_last_block_goes_back_and_comes_out_again(database_url: str) -> None
         assert again == range(first.start, second.stop)
         assert server.describe("photos").last_id == second[-1]  # type: ignore[union-attr]
     finally:
-        server.dispose()
+        server.close()
 
 
 def test_a_block_taken_after_by_another_client_makes_it_refuse(database_url: str) -> None:
@@ -52,8 +52,8 @@ def test_a_block_taken_after_by_another_client_makes_it_refuse(database_url: str
         assert mine.give_back("photos", after[30:]) == 20
         assert mine.next_block("photos", 20) == after[30:]
     finally:
-        mine.dispose()
-        theirs.dispose()
+        mine.close()
+        theirs.close()
 
 
 def test_flickr_tables_and_wrong_strides_are_refused(database_url: str) -> None:
@@ -69,7 +69,7 @@ def test_flickr_tables_and_wrong_strides_are_refused(database_url: str) -> None:
         assert server.give_back("photos", range(0)) == 0
         assert server.next_id("photos") == named[-1] + 1
     finally:
-        server.dispose()
+        server.close()
 
 
 def _draw_and_give_back(url: str, seed: int, rounds: int) -> list[int]:
@@ -95,7 +95,7 @@ def _draw_and_give_back(url: str, seed: int, rounds: int) -> list[int]:
         t.start()
     for t in threads:
         t.join()
-    server.dispose()
+    server.close()
     return kept
 
 
@@ -113,7 +113,7 @@ def test_giving_back_under_contention_never_duplicates(database_url: str) -> Non
         # Some went back and came out again: fewer ids burned than blocks given back.
         assert last - len(kept) < 4 * 3 * 150 * 17 // 2
     finally:
-        server.dispose()
+        server.close()
 
 
 def test_servers_route_ids_back_to_the_server_that_issued_them(
@@ -144,7 +144,7 @@ def test_servers_route_ids_back_to_the_server_that_issued_them(
             expected.append(min(set(candidates) - set(drawn)))
         assert after == sorted(expected)
     finally:
-        servers.dispose()
+        servers.close()
 
 
 #: What a child process keeps until it exits, as an application keeps its configured source.
@@ -196,7 +196,7 @@ def test_a_process_that_exits_cleanly_burns_nothing(
         # Everything the child held was its server's last block: it comes out again.
         assert server.next_id("jobs") == highest + 1
     finally:
-        server.dispose()
+        server.close()
 
 
 def test_a_killed_process_burns_what_it_held_and_never_causes_a_duplicate(
@@ -247,4 +247,4 @@ def test_interpreter_exit_gives_back_what_caches_hold(database_url: str, tmp_pat
     try:
         assert server.next_id("jobs") == report["highest"] + 1
     finally:
-        server.dispose()
+        server.close()

@@ -141,7 +141,7 @@ def test_two_caches_of_one_sequence_are_summed(reader, server) -> None:
         second.close()
 
 
-@pytest.mark.parametrize("backend", ["postgresql"])
+@pytest.mark.backend("postgresql")
 def test_failing_refills_show_until_one_works(reader, make_database, backend: str) -> None:
     url = make_database(backend)
     target = sa.engine.make_url(url)

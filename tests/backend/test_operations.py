@@ -36,7 +36,6 @@ class Post(Base):
     id: Mapped[str] = mapped_column(PrefixedId("post"), primary_key=True)
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
 def test_status_lists_every_sequence_on_every_server(make_database, backend: str) -> None:
     a, b = make_database(backend), make_database(backend)
     assert run("init", "--url", a, "photos", "accounts", "--increment", "2").returncode == 0
@@ -81,7 +80,6 @@ def test_status_reads_urls_from_the_environment_and_a_config_file(
     assert missing.returncode == 2 and "no ticket server" in missing.stderr
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
 def test_sync_moves_a_sequence_above_a_tables_max(make_database, backend: str) -> None:
     app, tickets = make_database(backend), make_database(backend)
     engine = sa.create_engine(app)
@@ -128,7 +126,7 @@ def _draw_until(urls: list[str], stop_file: str, out_file: str) -> None:
     Path(out_file).write_text(json.dumps(ids))
 
 
-@pytest.mark.parametrize("backend", ["postgresql", "mysql"])
+@pytest.mark.backend("postgresql", "mysql")
 def test_restride_under_concurrent_allocation_never_duplicates(
     make_database, tmp_path: Path, backend: str
 ) -> None:
@@ -200,7 +198,6 @@ def test_init_creates_the_worker_lease_table(make_database) -> None:
     assert "Tickets64" not in names  # --worker-leases alone creates only that table
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
 def test_worker_lease_table_alembic_op_and_its_reverse(make_database, backend: str) -> None:
     from alembic.migration import MigrationContext
     from alembic.operations import Operations

@@ -13,17 +13,12 @@ import sqlalchemy as sa
 import tenacity
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import (
-    DeclarativeBase,
-    Mapped,
     Session,
-    mapped_column,
-    relationship,
     sessionmaker,
 )
 
 from sqlalchemy_tickets import (
     CommitOutcomeUnknownError,
-    TicketId,
     TicketServer,
     apply_timeouts,
     async_retry_session,
@@ -31,36 +26,18 @@ from sqlalchemy_tickets import (
     retry_session,
 )
 from support.proxy import TcpProxy
+from support.retry_rig import (
+    ASYNC_DRIVERS,
+    BACKENDS,
+    COMMIT,
+    Base,
+    Child,
+    Member,
+    Parent,
+    behind_proxy,
+)
 
-BACKENDS = ["postgresql", "mysql"]
-ASYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "mysql": "mysql+aiomysql"}
-# The COMMIT itself on the wire, not "SET AUTOCOMMIT" at connect: PostgreSQL's simple query is
-# NUL-terminated; MySQL's COM_QUERY starts with the command byte 0x03.
-COMMIT = {"postgresql": b"COMMIT\x00", "mysql": b"\x03COMMIT"}
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-class Parent(Base):
-    __tablename__ = "parents"
-    id: Mapped[int] = mapped_column(TicketId("parents"), primary_key=True)
-    name: Mapped[str] = mapped_column(sa.String(40))
-    children: Mapped[list[Child]] = relationship(back_populates="parent")
-
-
-class Child(Base):
-    __tablename__ = "children"
-    id: Mapped[int] = mapped_column(TicketId("children"), primary_key=True)
-    parent_id: Mapped[int] = mapped_column(sa.ForeignKey("parents.id"))
-    parent: Mapped[Parent] = relationship(back_populates="children")
-
-
-class Member(Base):
-    __tablename__ = "members"
-    id: Mapped[int] = mapped_column(TicketId("members"), primary_key=True)
-    email: Mapped[str] = mapped_column(sa.String(40), unique=True)
+pytestmark = pytest.mark.backend(*BACKENDS)
 
 
 @dataclass
@@ -79,23 +56,17 @@ class Rig:
         return int(n or 0)
 
 
-@pytest.fixture(params=BACKENDS)
-def rig(request: pytest.FixtureRequest, make_database) -> Iterator[Rig]:
-    url = make_database(request.param)
-    direct = sa.create_engine(url)
-    Base.metadata.create_all(direct)
-    direct.dispose()
-    # Tickets come straight from the server: the faults are for the application's connection.
-    tickets = TicketServer(url)
-    configure(tickets)
-    target = sa.engine.make_url(url)
-    with TcpProxy(target.host or "127.0.0.1", target.port or 0) as proxy:
+@pytest.fixture
+def rig(backend: str, make_database) -> Iterator[Rig]:
+    url = make_database(backend)
+    with behind_proxy(url) as proxy:
         engine = sa.create_engine(proxy.url(url))
-        factory = sessionmaker(engine, expire_on_commit=False)
-        yield Rig(url, proxy, engine, factory, COMMIT[request.param])
-        engine.dispose()
-    configure(None)
-    tickets.close()
+        try:
+            yield Rig(
+                url, proxy, engine, sessionmaker(engine, expire_on_commit=False), COMMIT[backend]
+            )
+        finally:
+            engine.dispose()
 
 
 def no_sleep(seconds: float) -> None:
@@ -151,9 +122,9 @@ def test_a_graph_nobody_kept_is_rebuilt_for_the_replay(rig: Rig) -> None:
     direct = sa.create_engine(rig.url)
     with direct.connect() as conn:
         orphans = conn.scalar(
-            sa.select(sa.func.count()).select_from(Child.__table__).where(
-                Child.__table__.c.parent_id.not_in(sa.select(Parent.__table__.c.id))
-            )
+            sa.select(sa.func.count())
+            .select_from(Child.__table__)
+            .where(Child.__table__.c.parent_id.not_in(sa.select(Parent.__table__.c.id)))
         )
     direct.dispose()
     assert orphans == 0
@@ -267,7 +238,6 @@ def test_decorator_and_tenacity_strategies(rig: Rig) -> None:
     assert rig.proxy.faults_fired == 1 and rig.count(Parent) == 1
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_async_lost_commit_reply_and_violation(make_database, backend: str) -> None:
     url = make_database(backend)
     direct = sa.create_engine(url)

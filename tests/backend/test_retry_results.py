@@ -29,41 +29,20 @@ from sqlalchemy.orm import (
     Mapped,
     Session,
     mapped_column,
-    relationship,
     sessionmaker,
 )
 
-from sqlalchemy_tickets import TicketId, TicketServer, async_retry_session, configure, retry_session
+from sqlalchemy_tickets import async_retry_session, retry_session
 from support.proxy import TcpProxy
+from support.retry_rig import ASYNC_DRIVERS, BACKENDS, COMMIT, Child, Parent, behind_proxy
 
-BACKENDS = ["postgresql", "mysql"]
-ASYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "mysql": "mysql+aiomysql"}
-# On the wire: PostgreSQL's simple query is NUL-terminated; MySQL's COM_QUERY starts with 0x03.
-COMMIT = {"postgresql": b"COMMIT\x00", "mysql": b"\x03COMMIT"}
 INSERT_PARENTS = b"INSERT INTO parents"
 PATHS = ["no_fault", "rerun", "replay", "verified_replay"]
 #: How many times ``work`` runs on each path.
 WORK_CALLS = {"no_fault": 1, "rerun": 2, "replay": 1, "verified_replay": 1}
 VERIFIED = "the lost commit had been applied"
 
-
-class Base(DeclarativeBase):
-    pass
-
-
-class Parent(Base):
-    __tablename__ = "parents"
-    id: Mapped[int] = mapped_column(TicketId("parents"), primary_key=True)
-    name: Mapped[str] = mapped_column(sa.String(40))
-    children: Mapped[list[Child]] = relationship(back_populates="parent")
-
-
-class Child(Base):
-    __tablename__ = "children"
-    id: Mapped[int] = mapped_column(TicketId("children"), primary_key=True)
-    parent_id: Mapped[int] = mapped_column(sa.ForeignKey("parents.id"))
-    label: Mapped[str] = mapped_column(sa.String(40))
-    parent: Mapped[Parent] = relationship(back_populates="children")
+pytestmark = pytest.mark.backend(*BACKENDS)
 
 
 @dataclass
@@ -141,28 +120,16 @@ class Server:
     proxy: TcpProxy
 
 
-@pytest.fixture(params=BACKENDS)
-def server(request: pytest.FixtureRequest, make_database: Callable[[str], str]) -> Iterator[Server]:
-    url = make_database(request.param)
-    direct = sa.create_engine(url)
-    Base.metadata.create_all(direct)
-    direct.dispose()
-    # Tickets come straight from the server: the faults are for the application's connection.
-    tickets = TicketServer(url)
-    configure(tickets)
-    target = sa.engine.make_url(url)
-    try:
-        with TcpProxy(target.host or "127.0.0.1", target.port or 0) as proxy:
-            yield Server(url, request.param, proxy)
-    finally:
-        configure(None)
-        tickets.close()
+@pytest.fixture
+def server(backend: str, make_database: Callable[[str], str]) -> Iterator[Server]:
+    url = make_database(backend)
+    with behind_proxy(url) as proxy:
+        yield Server(url, backend, proxy)
 
 
 def make_graph(names: list[str]) -> list[Parent]:
     return [
-        Parent(name=name, children=[Child(label=f"{name}/{i}") for i in range(3)])
-        for name in names
+        Parent(name=name, children=[Child(label=f"{name}/{i}") for i in range(3)]) for name in names
     ]
 
 

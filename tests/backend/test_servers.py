@@ -50,7 +50,7 @@ def _draw(url: str, threads: int, calls: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("backend", NETWORK_BACKENDS)
+@pytest.mark.backend(*NETWORK_BACKENDS)
 def test_four_processes_by_four_threads_never_share_an_id(make_database, backend: str) -> None:
     url = make_database(backend)
     TicketServer(url).create("shared")
@@ -114,7 +114,7 @@ class _Clock:
         return self.now
 
 
-@pytest.mark.parametrize("backend", NETWORK_BACKENDS)
+@pytest.mark.backend(*NETWORK_BACKENDS)
 def test_failover_when_a_server_is_down_hung_and_back(make_database, backend: str) -> None:
     direct, behind = make_database(backend), make_database(backend)
     target = sa.engine.make_url(behind)
@@ -148,7 +148,7 @@ def test_failover_when_a_server_is_down_hung_and_back(make_database, backend: st
         servers.close()
 
 
-@pytest.mark.parametrize("backend", NETWORK_BACKENDS)
+@pytest.mark.backend(*NETWORK_BACKENDS)
 def test_a_hung_server_is_an_error_after_its_timeout(make_database, backend: str) -> None:
     url = make_database(backend)
     target = sa.engine.make_url(url)
@@ -236,7 +236,6 @@ def test_flickr_tables_take_the_servers_stride(private_mariadb_factory) -> None:
     server.close()
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
 def test_32_bit_sequence_stops_at_its_limit(make_database, backend: str) -> None:
     url = make_database(backend)
     server = TicketServer(url)
@@ -251,7 +250,6 @@ def test_32_bit_sequence_stops_at_its_limit(make_database, backend: str) -> None
     server.close()
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
 def test_unknown_sequence_without_create(make_database, backend: str) -> None:
     server = TicketServer(make_database(backend), create_missing=False)
     with pytest.raises(UnknownSequenceError, match="sqlalchemy-tickets init"):

@@ -43,10 +43,12 @@ def _model(source: TicketSource | None) -> tuple[type[DeclarativeBase], Any]:
     return Base, Photo
 
 
-@pytest.fixture(params=SHARD_BACKENDS, ids=SHARD_BACKENDS)
-def shard_backend(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
+pytestmark = pytest.mark.backend(*SHARD_BACKENDS)
+
+
+@pytest.fixture
+def shard_backend(backend: str) -> str:
+    return backend
 
 
 @pytest.fixture
@@ -214,7 +216,7 @@ def test_pair_of_servers_feeds_shards_by_stride(
         else:
             assert parities == {"0": {0}, "1": {1}}  # shard 0: even server only
     finally:
-        pair.dispose()
+        pair.close()
         for engine in engines.values():
             engine.dispose()
 
