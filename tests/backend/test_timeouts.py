@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,13 +20,12 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy_tickets import (
     TicketId,
     TicketsError,
-    TicketServer,
     apply_timeouts,
     async_retry_session,
-    configure,
     is_retryable,
 )
 from support.proxy import TcpProxy
+from support.retry_rig import behind_proxy
 
 pytest.importorskip("sqlalchemy.ext.asyncio")
 
@@ -70,19 +69,9 @@ def rig(request: pytest.FixtureRequest, make_database: Callable[[str], str]) -> 
     pytest.importorskip(request.param.split("_")[0])
     backend, drivername = DRIVERS[request.param]
     url = make_database(backend)
-    direct = sa.create_engine(url)
-    Base.metadata.create_all(direct)
-    direct.dispose()
-    tickets = TicketServer(url)
-    configure(tickets)
-    target = sa.engine.make_url(url)
-    try:
-        with TcpProxy(target.host or "127.0.0.1", target.port or 0) as proxy:
-            async_url = sa.engine.make_url(proxy.url(url)).set(drivername=drivername)
-            yield Rig(url, async_url, proxy)
-    finally:
-        configure(None)
-        tickets.close()
+    with behind_proxy(url, Base.metadata) as proxy:
+        async_url = sa.engine.make_url(proxy.url(url)).set(drivername=drivername)
+        yield Rig(url, async_url, proxy)
 
 
 def run(coro: Any) -> Any:
@@ -99,6 +88,25 @@ async def timed_failure(call: Callable[[], Any]) -> tuple[BaseException, float]:
     except Exception as error:  # the error the bound produced
         return error, time.monotonic() - started
     raise AssertionError("the hung call succeeded")
+
+
+async def fails_when_hung(
+    rig: Rig,
+    engine: Any,
+    action: Callable[[Any], Awaitable[Any]],
+    first: sa.Executable | None = None,
+) -> tuple[BaseException, float]:
+    """On a connection made before the hang (its first statement ``first``, default
+    ``SELECT 1``), hang the proxy and time ``action(conn)`` until it fails; the proxy forwards
+    again and ``engine`` is disposed whatever happens."""
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(sa.select(1) if first is None else first)
+            rig.proxy.hang()
+            return await timed_failure(lambda: action(conn))
+    finally:
+        rig.proxy.forward()
+        await engine.dispose()
 
 
 def check_bounded(error: BaseException, elapsed: float) -> None:
@@ -160,14 +168,8 @@ def test_commit_to_a_hung_server(rig: Rig) -> None:
 
     async def main() -> tuple[BaseException, float]:
         engine = apply_timeouts(create_async_engine(rig.async_url), BOUND)
-        try:
-            async with engine.connect() as conn:
-                await conn.execute(sa.insert(Row).values(id=1, note="never committed"))
-                rig.proxy.hang()
-                return await timed_failure(conn.commit)
-        finally:
-            rig.proxy.forward()
-            await engine.dispose()
+        insert = sa.insert(Row).values(id=1, note="never committed")
+        return await fails_when_hung(rig, engine, lambda conn: conn.commit(), first=insert)
 
     error, elapsed = run(main())
     check_bounded(error, elapsed)
@@ -213,14 +215,7 @@ def test_the_sync_engine_of_an_async_engine_is_bounded_too(rig: Rig) -> None:
     async def main() -> tuple[BaseException, float]:
         engine = create_async_engine(rig.async_url)
         assert apply_timeouts(engine.sync_engine, BOUND) is engine.sync_engine
-        try:
-            async with engine.connect() as conn:
-                await conn.execute(sa.select(1))
-                rig.proxy.hang()
-                return await timed_failure(lambda: conn.execute(sa.select(2)))
-        finally:
-            rig.proxy.forward()
-            await engine.dispose()
+        return await fails_when_hung(rig, engine, lambda conn: conn.execute(sa.select(2)))
 
     error, elapsed = run(main())
     check_bounded(error, elapsed)
@@ -232,14 +227,7 @@ def test_applying_again_changes_the_bound(rig: Rig) -> None:
     async def main() -> tuple[BaseException, float]:
         engine = apply_timeouts(create_async_engine(rig.async_url), GUARD)
         apply_timeouts(engine, BOUND)
-        try:
-            async with engine.connect() as conn:
-                await conn.execute(sa.select(1))
-                rig.proxy.hang()
-                return await timed_failure(lambda: conn.execute(sa.select(2)))
-        finally:
-            rig.proxy.forward()
-            await engine.dispose()
+        return await fails_when_hung(rig, engine, lambda conn: conn.execute(sa.select(2)))
 
     error, elapsed = run(main())
     check_bounded(error, elapsed)

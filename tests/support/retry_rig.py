@@ -1,6 +1,6 @@
-"""What the retry tests share: models whose ids come from a ticket server, and a real database
-behind the real TCP proxy, its tickets taken straight from the server (the faults are for the
-application's connection)."""
+"""What the retry and timeout tests share: models whose ids come from a ticket server, and a
+real database behind the real TCP proxy, its tickets taken straight from the server (the faults
+are for the application's connection)."""
 
 from __future__ import annotations
 
@@ -47,13 +47,13 @@ class Member(Base):
 
 
 @contextmanager
-def behind_proxy(url: str) -> Iterator[TcpProxy]:
-    """The models' tables created in the database ``url``, a :class:`TicketServer` on it
-    configured as the default source, and a proxy in front of its server (``proxy.url(url)``
-    reaches the database through it). Everything is undone on exit."""
+def behind_proxy(url: str, metadata: sa.MetaData = Base.metadata) -> Iterator[TcpProxy]:
+    """The tables of ``metadata`` (default: the models above) created in the database ``url``,
+    a :class:`TicketServer` on it configured as the default source, and a proxy in front of its
+    server (``proxy.url(url)`` reaches the database through it). Everything is undone on exit."""
     direct = sa.create_engine(url)
     try:
-        Base.metadata.create_all(direct)
+        metadata.create_all(direct)
     finally:
         direct.dispose()
     tickets = TicketServer(url)
