@@ -6,6 +6,8 @@ application tables: an application table named ``photos`` — or ``tickets_photo
 Names are folded to lower case so that ``"Photos"`` and ``"photos"`` are one sequence on every
 backend, whatever its identifier case rules. ``sequence=None`` means Flickr's own ``Tickets64`` /
 ``Tickets32`` tables, spelled exactly as Flickr published them.
+
+Also here: the checks of the numbers that come with them (bits, strides, seconds).
 """
 
 from __future__ import annotations
@@ -31,6 +33,19 @@ def check_bits(bits: object) -> int:
     if isinstance(bits, bool) or bits not in VALID_BITS:
         raise TicketsError(f"bits must be 32 or 64, not {bits!r}")
     return 64 if bits == 64 else 32
+
+
+def check_seconds(name: str, value: object, *, finite: bool = False) -> float:
+    """``value`` as float seconds if it is a positive number (``finite``: and not infinite),
+    else a :class:`TicketsError` naming ``name``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not value > 0
+        or (finite and value == float("inf"))
+    ):
+        raise TicketsError(f"{name} must be a positive number of seconds, not {value!r}")
+    return float(value)
 
 
 def max_id(bits: int) -> int:

@@ -23,7 +23,6 @@ library does not know is refused with a message naming it.
 from __future__ import annotations
 
 import logging
-import math
 import re
 import threading
 import weakref
@@ -34,6 +33,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
+from ._naming import check_seconds
 from .dialects import backend_for
 from .dialects._connect import watchdog
 from .dialects.base import TicketBackend
@@ -89,12 +89,7 @@ def apply_timeouts(engine: Engine | AsyncEngine, seconds: float) -> Engine | Asy
         TicketsError: ``seconds`` is not a positive number, ``engine`` is not an engine, or its
             driver cannot be bounded (the message names the driver and why).
     """
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, (int, float))
-        or not 0 < seconds < math.inf
-    ):
-        raise TicketsError(f"a timeout must be a positive number of seconds, not {seconds!r}")
+    check_seconds("a timeout", seconds, finite=True)
     sync_engine = engine if isinstance(engine, Engine) else getattr(engine, "sync_engine", None)
     if not isinstance(sync_engine, Engine):
         raise TicketsError(

@@ -15,13 +15,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-from ..errors import TicketsError
 from ..generators import _registry
 from ..generators.prefixed import (
     BODY_LENGTH,
-    FORMATS,
     PrefixedIdGenerator,
-    check_prefix,
+    check_prefix_and_format,
     check_value,
 )
 from ._text import TextId, ascii_string
@@ -61,9 +59,7 @@ class PrefixedId(TextId, TypeDecorator[str]):
         format: Literal["ulid", "typeid"] = "ulid",
         secure: bool = True,
     ) -> None:
-        if format not in FORMATS:
-            raise TicketsError(f"format must be one of {FORMATS}, not {format!r}")
-        self.prefix = check_prefix(prefix, allow_empty=format == "typeid")
+        self.prefix = check_prefix_and_format(prefix, format)
         self.format = format
         self.secure = bool(secure)
         self.length = len(prefix) + (1 if prefix else 0) + BODY_LENGTH

@@ -79,6 +79,14 @@ _BYTE_TO_CHAR = bytes.maketrans(bytes(range(256)), bytes(ord(ALPHABET[b & 31]) f
 _RANDOM_BLOCK = 4096
 
 
+def check_prefix_and_format(prefix: object, format: object) -> str:
+    """The prefix, checked for ``format`` (``"ulid"`` or ``"typeid"``; only a TypeID may have
+    an empty prefix); a :class:`TicketsError` for a bad format or prefix."""
+    if format not in FORMATS:
+        raise TicketsError(f"format must be one of {FORMATS}, not {format!r}")
+    return check_prefix(prefix, allow_empty=format == "typeid")
+
+
 def check_prefix(prefix: object, *, allow_empty: bool = False) -> str:
     """Return ``prefix`` if it is a valid id prefix, else raise :class:`TicketsError`.
 
@@ -203,9 +211,7 @@ class PrefixedIdGenerator:
         time_ns: Callable[[], int] | None = None,
         clock: Callable[[], int] | None = None,
     ) -> None:
-        if format not in FORMATS:
-            raise TicketsError(f"format must be one of {FORMATS}, not {format!r}")
-        self.prefix = check_prefix(prefix, allow_empty=format == "typeid")
+        self.prefix = check_prefix_and_format(prefix, format)
         self.format = format
         self.secure = bool(secure)
         self.time_ns = time_ns_keyword("PrefixedIdGenerator", time_ns, clock)

@@ -56,6 +56,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 from .._deprecation import deprecated_alias
+from .._naming import check_seconds
 from ..dialects._connect import Bind, OwnEngine, engine_of, to_url
 from ..errors import TicketsError
 
@@ -230,15 +231,13 @@ class WorkerLease:
             raise TicketsError(
                 f"invalid lease namespace {namespace!r}: use 1-64 characters of A-Za-z0-9_.:-"
             )
-        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
-            raise TicketsError(f"ttl must be a positive number of seconds, not {ttl!r}")
+        check_seconds("ttl", ttl)
         beat = ttl / 3 if heartbeat is None else heartbeat
         if isinstance(beat, bool) or not isinstance(beat, (int, float)) or not 0 < beat < ttl:
             raise TicketsError(
                 f"heartbeat must be a positive number of seconds below ttl ({ttl}), not {beat!r}"
             )
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise TicketsError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        check_seconds("timeout", timeout)
         self._bind = bind
         engine = engine_of(bind)
         self.url: URL = engine.url if engine is not None else to_url(bind)  # type: ignore[arg-type]
