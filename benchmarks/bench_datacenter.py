@@ -94,7 +94,7 @@ def _worker(spec: dict[str, Any], pipe: Any) -> None:
             "held": c["in_hand"] + c["in_flight"],
             "cache": {k: c[k] for k in ("round_trips", "blocking_waits", "in_hand", "in_flight")},
             "tier": {k: t.get(k, 0) for k in ("round_trips", "blocking_waits", "failures")},
-            "global_round_trips": sum(s.stats()["round_trips"] for s in pair.servers),
+            "global_round_trips": pair.stats()["round_trips"],
         }
 
     pipe.send("ready")
@@ -225,7 +225,7 @@ def global_last_ids(pair: Sequence[str], sequence: str) -> list[tuple[int, int]]
         try:
             info = server.describe(sequence)
         finally:
-            server.dispose()
+            server.close()
         out.append(
             (0, 1) if info is None or info.last_id is None else (info.last_id, info.increment)
         )
@@ -260,8 +260,7 @@ def prime(urls: dict[str, Any], sequence: str, dcs: Sequence[str]) -> None:
             finally:
                 tier.close()
     finally:
-        for server in pair.servers:
-            server.dispose()
+        pair.close()
 
 
 def spec(

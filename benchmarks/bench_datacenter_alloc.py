@@ -67,8 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for cache in caches.values():
                 cache.close()
             tier.close()
-            upstream.dispose()
-            caches[SERVER].source.dispose()  # type: ignore[attr-defined]
+            upstream.close()
+            caches[SERVER].source.close()  # type: ignore[attr-defined]
     check = h.ratio_summary(timings, TIER, SERVER, TARGET)
     results = {
         "tier_over_server": check,
