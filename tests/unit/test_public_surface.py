@@ -124,6 +124,7 @@ def test_configure_closes_the_source_it_built_from_a_url(tmp_path: Path) -> None
         built = configured_source()
         assert isinstance(built, CachedSource)
         built.next_id("photos")
+        configure(built)  # the same source again: kept open
         assert built in open_caches()[0]
     finally:
         configure(None)

@@ -44,6 +44,8 @@ def configure(source: TicketSource | str | URL | None) -> None:
     with _lock:
         _configured = source
         replaced, _built = _built, built
+        if replaced is not None and replaced[0] is source:  # configured again: still in use
+            replaced, _built = None, replaced
     # A source the caller passed in is theirs to close; one built here from a URL is ours, and
     # nothing else holds it: close it (its ids given up, its connections closed), after the
     # swap, so that new calls already go to the new source.
