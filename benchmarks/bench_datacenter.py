@@ -245,15 +245,19 @@ def dc_status(dc: str, sequence: str) -> dict[str, Any]:
     return {"stock": 0, "rate": 0.0, "runway": None}
 
 
-def prime(urls: dict[str, Any], sequence: str, dcs: Sequence[str]) -> None:
+def prime(
+    urls: dict[str, Any], sequence: str, dcs: Sequence[str], tiers: Sequence[dict[str, Any]] = ()
+) -> None:
     """Create the sequence's ticket rows on both global servers and its state rows in the
-    datacenters (untimed, before the workers, so first contact is not what is measured)."""
+    datacenters (untimed, before the workers, so first contact is not what is measured), each
+    tier with the settings its workers use (``tiers[i]`` for ``dcs[i]``; default: defaults):
+    a first refill at other settings would leave a stock the workers' tier would not hold."""
     pair = TicketServers(urls["pair"], timeout=30.0)
     try:
         pair.next_id(sequence)
         pair.next_id(sequence)
-        for dc in dcs:
-            tier = DatacenterTier(dc, upstream=pair, timeout=30.0)
+        for dc, settings in zip(dcs, [*tiers, *[{}] * (len(dcs) - len(tiers))], strict=True):
+            tier = DatacenterTier(dc, upstream=pair, **{**settings, "timeout": 30.0})
             try:
                 tier.next_id(sequence)
                 tier.wait_idle(30.0)
@@ -284,7 +288,8 @@ def scaling(
         for p in counts:
             seq = f"scale_{'tier' if variant == 'tier' else 'none'}_{p}"
             dcs = [urls["dcs"][i % 2] for i in range(p)]
-            prime(urls, seq, sorted(set(dcs)) if variant == "tier" else [])
+            used = sorted(set(dcs)) if variant == "tier" else []
+            prime(urls, seq, used, [FAST_TIER] * len(used))
             fleet = Fleet()
             try:
                 fleet.start(
@@ -392,7 +397,7 @@ def outage(
         proxies.append(TcpProxy(u.host or "127.0.0.1", u.port or 5432).start())
     proxied = {**urls, "pair": [p.url(url) for p, url in zip(proxies, urls["pair"], strict=True)]}
     dcs = urls["dcs"]  # [dc A, dc B, short]
-    prime(proxied, seq, dcs)
+    prime(proxied, seq, dcs, [{}, {}, SHORT_TIER])
     specs = [spec(proxied, dcs[i % 2], seq, rate, {}) for i in range(2 * per_dc)]
     specs.append(spec(proxied, dcs[2], seq, rate, SHORT_TIER))
     fleet = Fleet()
