@@ -13,13 +13,22 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy.engine import make_url
 
 import sqlalchemy_tickets
 from sqlalchemy_tickets import CachedSource, TicketServer, TicketServers
+from support.proxy import TcpProxy
+
+
+def _env() -> dict[str, str]:
+    """The environment of a script run here: this package importable as the tests import it."""
+    src = str(Path(sqlalchemy_tickets.__file__).resolve().parent.parent)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
 
 
 def test_the_last_block_goes_back_and_comes_out_again(database_url: str) -> None:
@@ -235,10 +244,8 @@ def test_interpreter_exit_gives_back_what_caches_hold(database_url: str, tmp_pat
         held = outer.stats()["in_hand"] + inner.stats()["in_hand"]
         print(json.dumps({{"highest": highest, "held": held}}))
     """))
-    src = str(Path(sqlalchemy_tickets.__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=_env()
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -248,3 +255,49 @@ def test_interpreter_exit_gives_back_what_caches_hold(database_url: str, tmp_pat
         assert server.next_id("jobs") == report["highest"] + 1
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mysql"])
+@pytest.mark.parametrize("fault", ["hang", "refuse"])
+def test_an_exit_while_the_server_is_down_does_not_hang(
+    database_url: str, fault: str, tmp_path: Path
+) -> None:
+    """Refills keep retrying a server that is down; the process still exits at once (refill
+    threads used to be joined before the exit hooks ran: an exit waited for ever)."""
+    target = make_url(database_url)
+    with TcpProxy(target.host or "127.0.0.1", target.port or 0) as proxy:
+        url = proxy.url(database_url)
+        script = tmp_path / "job.py"
+        script.write_text(textwrap.dedent(f"""
+            import sys
+            from sqlalchemy_tickets import CachedSource, TicketServer, TicketServerUnavailable
+
+            cache = CachedSource(TicketServer({url!r}, timeout=0.5), timeout=0.5, backoff=0.05)
+            for _ in range(100):
+                cache.next_id("jobs")
+            print("ready", flush=True)
+            sys.stdin.readline()  # the server goes down now
+            try:
+                while True:
+                    cache.next_id("jobs")
+            except TicketServerUnavailable:
+                print("unavailable", flush=True)
+        """))
+        child = subprocess.Popen(
+            [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env=_env(),
+        )
+        try:
+            assert child.stdout is not None and child.stdin is not None
+            assert child.stdout.readline().strip() == "ready"
+            getattr(proxy, fault)()
+            started = time.monotonic()
+            out, err = child.communicate("go\n", timeout=60)
+            took = time.monotonic() - started
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        assert child.returncode == 0, err
+        assert out.strip() == "unavailable"
+        assert took < 15, f"exit took {took:.1f} s"

@@ -25,8 +25,8 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from queue import SimpleQueue
 from typing import Any
 
 from .. import _process
@@ -43,6 +43,59 @@ RATE_INTERVAL = 0.1
 #: Most ids moved to a lane's ready deque at once: bounds the work under the lock and the
 #: staleness of the rate estimate.
 MAX_CHUNK = 4096
+
+
+class _RefillThreads:
+    """Up to ``workers`` daemon threads running refills, started as needed.
+
+    Daemon threads, unlike a ``ThreadPoolExecutor``'s: the interpreter joins non-daemon threads
+    *before* it runs exit hooks, so a refill retrying a server that is down would hold the exit
+    back for ever, and the hook that closes caches (and gives their ids back) would never run.
+    :meth:`CachedSource.close` waits for a refill in flight itself, up to its timeout.
+    """
+
+    def __init__(self, workers: int) -> None:
+        self._workers = max(1, workers)
+        self._jobs: SimpleQueue[tuple[Callable[..., object], tuple[object, ...]] | None] = (
+            SimpleQueue()
+        )
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+        self._shut = False
+
+    def submit(self, fn: Callable[..., object], *args: object) -> None:
+        with self._lock:
+            if self._shut:
+                raise RuntimeError("refill threads shut down")
+            self._jobs.put((fn, args))
+            if self._idle == 0 and self._threads < self._workers:
+                self._threads += 1
+                threading.Thread(
+                    target=self._work, name=f"tickets-refill_{self._threads}", daemon=True
+                ).start()
+            else:
+                self._idle -= 1  # an idle thread takes this job
+
+    def shutdown(self) -> None:
+        """No more jobs; threads end once the jobs queued so far are done."""
+        with self._lock:
+            self._shut = True
+            for _ in range(self._threads):
+                self._jobs.put(None)
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, args = job
+            try:
+                fn(*args)
+            except BaseException:  # logged by the refill itself; the thread serves on
+                logger.debug("refill job failed", exc_info=True)
+            with self._lock:
+                self._idle += 1
 
 
 @dataclass(eq=False)
@@ -199,7 +252,7 @@ class CachedSource:
         self._closed = threading.Event()
         self._close_lock = threading.Lock()
         self._max_workers = max_workers
-        self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="tickets-refill")
+        self._executor = _RefillThreads(max_workers)
         with _open_caches_lock:
             _open_caches.add(self)
         _metrics.enable_if_installed()
@@ -421,7 +474,7 @@ class CachedSource:
                     lane.sequence, lane.bits, taken, lost,
                     f", {late} still on their way" if late else "",
                 )
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._executor.shutdown()
         _retire(self)
         return burned
 
@@ -430,9 +483,7 @@ class CachedSource:
         self._pop = {}
         self._pop64 = {}
         self._lanes_lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(
-            self._max_workers, thread_name_prefix="tickets-refill"
-        )
+        self._executor = _RefillThreads(self._max_workers)
 
     def __enter__(self) -> CachedSource:
         return self
@@ -580,7 +631,7 @@ class CachedSource:
         lane.pending = size
         try:
             self._executor.submit(self._refill, lane, size)
-        except RuntimeError:  # the executor was shut down by close()
+        except RuntimeError:  # the refill threads were shut down by close()
             lane.refilling = False
             lane.pending = 0
 
