@@ -99,13 +99,16 @@ def admin_url(backend: str) -> URL:
 
 
 @contextlib.contextmanager
-def throwaway_database(backend: str) -> Iterator[URL]:
-    """Yield the URL of a new empty database ``tickets_bench_<hex>``; drop it afterwards.
+def throwaway_database(
+    backend: str, server: URL | str | None = None, *, prefix: str = "tickets_bench_"
+) -> Iterator[URL]:
+    """Yield the URL of a new empty database ``<prefix><hex>``; drop it afterwards.
 
     SQLite: a file in a new temporary directory (the embedded default puts its ticket file
-    beside it), removed with it. Servers: ``CREATE DATABASE``; callers dispose their engines.
+    beside it), removed with it. Servers (``server``, else :func:`admin_url`):
+    ``CREATE DATABASE``; callers dispose their engines.
     """
-    name = f"tickets_bench_{uuid.uuid4().hex[:12]}"
+    name = f"{prefix}{uuid.uuid4().hex[:12]}"
     if backend == "sqlite":
         directory = tempfile.mkdtemp(prefix="tickets_bench_")
         try:
@@ -113,7 +116,7 @@ def throwaway_database(backend: str) -> Iterator[URL]:
         finally:
             shutil.rmtree(directory, ignore_errors=True)
         return
-    server = admin_url(backend)
+    server = admin_url(backend) if server is None else make_url(server)
     admin = sa.create_engine(server, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
     quoted = admin.dialect.identifier_preparer.quote(name)
     # FORCE: a connection a failed run left open must not keep the database.
