@@ -21,9 +21,9 @@ the same keys. Exits with 1 if a check fails.
 
 Without ``--global``/``--na1``/``--eu1``, databases ``tickets_mr_<hex>`` are created on
 ``--postgresql`` and ``--mariadb`` and dropped at the end. Given databases must exist; the tables
-``customers`` and ``orders`` are dropped and created again. Writes ``multiregion_example.json``
-and, with matplotlib installed, ``multiregion_example.png`` to ``--out`` (default:
-``benchmarks/results/``).
+``customers`` and ``orders`` are dropped and created again, and so is the tiers' stock of an
+earlier run. Writes ``multiregion_example.json`` and, with matplotlib installed,
+``multiregion_example.png`` to ``--out`` (default: ``benchmarks/results/``).
 """
 
 from __future__ import annotations
@@ -59,7 +59,11 @@ from sqlalchemy_tickets import (
     TicketServerUnavailable,
     configure,
 )
-from sqlalchemy_tickets.sources.datacenter import create_datacenter_tables, describe_datacenter
+from sqlalchemy_tickets.sources.datacenter import (
+    create_datacenter_tables,
+    describe_datacenter,
+    drop_datacenter_table_statements,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 #: Where the figures go by default, beside the benchmarks' (the docs serve the plots from there).
@@ -86,6 +90,12 @@ ORDERS_PER_CUSTOMER = 20
 #: Seconds after the cut starts before the tier's refill count is read: a block already past
 #: the proxy when the link was cut may still be stored.
 SETTLE = 1.0
+#: The datacenter tiers' smallest stock (DatacenterTier's default, given explicitly: the moment
+#: of the cut is chosen from it) and the share of their target under which they refill.
+MIN_BLOCK = 1000
+LOW_WATER = 0.5
+#: ``--cut-at low`` cuts once the stock is within this factor of the refill mark.
+NEAR_LOW = 1.15
 
 log = logging.getLogger("multiregion")
 
@@ -146,6 +156,9 @@ class WorkerReport:
     tier: dict[str, Any] = field(default_factory=dict)
     cache: dict[str, Any] = field(default_factory=dict)
     burned_at_close: int = 0
+    #: Calls that waited for a round trip, after the start (the first contact excluded).
+    cache_waits: int = 0
+    tier_waits: int = 0
 
 
 def worker(spec: WorkerSpec, go: Event, stop: Event, reports: Any) -> None:
@@ -156,7 +169,8 @@ def worker(spec: WorkerSpec, go: Event, stop: Event, reports: Any) -> None:
     )
     # The line every process of the datacenter runs: global pair → datacenter tier → process.
     upstream = TicketServers(list(spec.global_urls))
-    tier = DatacenterTier(spec.dc_url, upstream=upstream, supply=spec.supply)
+    tier = DatacenterTier(spec.dc_url, upstream=upstream, supply=spec.supply,
+                          min_block=MIN_BLOCK, low_water=LOW_WATER)
     cache = CachedSource(tier)
     configure(cache)
     engine = sa.create_engine(spec.dc_url, pool_size=2, pool_pre_ping=True)
@@ -164,6 +178,7 @@ def worker(spec: WorkerSpec, go: Event, stop: Event, reports: Any) -> None:
     rng = random.Random(spec.seed)
     mine: list[int] = []
     errors: Counter[str] = Counter()
+    waited: tuple[int, int] | None = None
 
     def insert(new_customer: bool) -> None:
         with Session(engine, expire_on_commit=False) as session:
@@ -191,6 +206,7 @@ def worker(spec: WorkerSpec, go: Event, stop: Event, reports: Any) -> None:
 
     try:
         insert(True)  # first contact with every tier before the clock starts
+        waited = cache.stats()["blocking_waits"], tier.stats()["blocking_waits"]
         reports.put(("ready", spec.name))
         go.wait()
         interval = 1.0 / spec.rate
@@ -210,7 +226,10 @@ def worker(spec: WorkerSpec, go: Event, stop: Event, reports: Any) -> None:
         tier.close()
         stats = tier.stats()
         report.tier = {k: v for k, v in stats.items() if k != "sequences"}
-        upstream.dispose()
+        if waited is not None:
+            report.cache_waits = report.cache["blocking_waits"] - waited[0]
+            report.tier_waits = report.tier["blocking_waits"] - waited[1]
+        upstream.close()
         engine.dispose()
         report.errors = dict(errors)
         reports.put(("report", asdict(report)))
@@ -287,14 +306,19 @@ def prepare_global(urls: Sequence[str]) -> None:
             for sequence in SEQUENCES:
                 server.create(sequence, increment=len(urls), offset=offset)
         finally:
-            server.dispose()
+            server.close()
 
 
 def prepare_datacenter(url: str) -> None:
+    """The application's tables, empty, and no stock left from an earlier run (its ids came
+    from a global pair that may since have been made again, and would then be issued twice)."""
     engine = sa.create_engine(url)
     try:
         Base.metadata.drop_all(engine)
         Base.metadata.create_all(engine)
+        with engine.begin() as conn:
+            for statement in drop_datacenter_table_statements(dialect=engine.dialect.name):
+                conn.execute(statement)
     finally:
         engine.dispose()
     # Made up front (they would be made on first use, race-free): the workers start at once.
@@ -381,6 +405,7 @@ def _scenario(args: argparse.Namespace, processes: list[SpawnProcess],
     go.set()
     watcher.start()
     stop.wait(args.warmup)
+    cut_stock = wait_for_low_stock(args, dc_urls[CUT], stop) if args.cut_at == "low" else None
 
     # The cut: every connection from CUT to the global pair stalls (or is refused).
     for proxy in proxies:
@@ -390,8 +415,10 @@ def _scenario(args: argparse.Namespace, processes: list[SpawnProcess],
             proxy.refuse()
     cut_wall = time.time()
     timeline.cut_start = timeline.since(cut_wall)
+    stock = (f"; its stock: {cut_stock['stock']} orders ids, refill mark "
+             f"{cut_stock['refill_mark']}" if cut_stock else "")
     print(f"t={timeline.cut_start:.1f}s: {CUT}'s link to the global pair cut ({args.cut_mode}) "
-          f"for {args.cut:g} s", flush=True)
+          f"for {args.cut:g} s{stock}", flush=True)
     stop.wait(SETTLE)
     refills_at_cut = {seq: f["refills"] for seq, f in tier_figures(dc_urls[CUT]).items()}
     # The link is down for anyone in CUT: a ticket server reached through it does not answer.
@@ -456,10 +483,10 @@ def _scenario(args: argparse.Namespace, processes: list[SpawnProcess],
             "failed_inserts": sum(r["failures"] for r in mine),
             "errors": dict(sum((Counter(r["errors"]) for r in mine), Counter())),
             "upstream_round_trips": sum(r["tier"].get("upstream_round_trips", 0) for r in mine),
-            "blocking_waits": {
-                "cache": sum(r["cache"].get("blocking_waits", 0) for r in mine),
-                "tier": sum(r["tier"].get("blocking_waits", 0) for r in mine),
-            },
+            # Calls that waited for a round trip once the clock started: a process's cache on
+            # its datacenter's database, a tier on the global pair (its stock was empty).
+            "blocking_waits": {"cache": sum(r["cache_waits"] for r in mine),
+                               "tier": sum(r["tier_waits"] for r in mine)},
             "ids_burned_at_close": sum(r["burned_at_close"] for r in mine),
             "tier_at_end": final_tiers[dc],
             "orders_per_second": per_second,
@@ -478,6 +505,9 @@ def _scenario(args: argparse.Namespace, processes: list[SpawnProcess],
               f"{figures['customers']} customers and {figures['orders']} orders", failed)
     check(sum(duplicates.values()) == 0, f"keys in both datacenters: {duplicates}", failed)
     check(per_dc[CUT]["orders_during_cut"] > 0, f"{CUT} inserted nothing during the cut", failed)
+    check(per_dc[CUT]["blocking_waits"]["tier"] == 0,
+          f"{CUT}'s stock ran out: {per_dc[CUT]['blocking_waits']['tier']} calls waited on the "
+          f"global pair", failed)
     check(probe is not None, f"a ticket server answered through the cut link: {probe}", failed)
     check(refills_at_cut == refills_at_end,
           f"{CUT} stored blocks from the global pair during the cut: refills {refills_at_cut} "
@@ -486,7 +516,9 @@ def _scenario(args: argparse.Namespace, processes: list[SpawnProcess],
         print(f"{dc} ({figures['backend']}): {figures['customers']} customers, "
               f"{figures['orders']} orders ({figures['orders_during_cut']} during the cut), "
               f"{figures['failed_inserts']} failed inserts, "
-              f"{figures['upstream_round_trips']} round trips to the global pair", flush=True)
+              f"{figures['upstream_round_trips']} round trips to the global pair, "
+              f"{figures['ids_burned_at_close']} ids burned when its processes stopped",
+              flush=True)
 
     migration = migrate(dc_urls, failed)
 
@@ -499,6 +531,8 @@ def _scenario(args: argparse.Namespace, processes: list[SpawnProcess],
         "cut": {
             "datacenter": CUT,
             "mode": args.cut_mode,
+            "at": args.cut_at,
+            "stock_at_start": cut_stock,
             "start": timeline.cut_start,
             "end": timeline.cut_end,
             "seconds": round(timeline.cut_end - timeline.cut_start, 3),
@@ -518,6 +552,26 @@ def _scenario(args: argparse.Namespace, processes: list[SpawnProcess],
     return summary, failed
 
 
+def wait_for_low_stock(args: argparse.Namespace, url: str,
+                       stop: Event) -> dict[str, Any] | None:
+    """Wait until the datacenter's stock of orders is down near its refill mark (half its
+    target): the least stock a tier holds, the worst moment for a cut. Gives up after
+    ``supply`` seconds (the stock then holds more); returns what it saw last."""
+    deadline = time.monotonic() + args.supply
+    seen: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        figures = tier_figures(url).get("orders")
+        if figures is not None:
+            target = max(MIN_BLOCK, math.ceil(figures["rate"] * args.supply))
+            seen = {**figures, "refill_mark": int(target * LOW_WATER)}
+            if figures["stock"] <= seen["refill_mark"] * NEAR_LOW:
+                return seen
+        stop.wait(0.25)
+    print(f"{CUT}'s stock did not come down near its refill mark within {args.supply:g} s: "
+          f"cutting now", flush=True)
+    return seen
+
+
 def _probe(urls: Sequence[str]) -> str | None:
     """Ask each ticket server once through the cut link; the error seen (``None``: one
     answered, the link is not cut)."""
@@ -530,7 +584,7 @@ def _probe(urls: Sequence[str]) -> str | None:
         except TicketServerUnavailable as error:
             seen = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
         finally:
-            server.dispose()
+            server.close()
     return seen
 
 
@@ -672,9 +726,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the throwaway databases")
     parser.add_argument("--workers", type=int, default=3, help="processes per datacenter")
     parser.add_argument("--rate", type=float, default=40.0, help="inserts/s of each process")
-    parser.add_argument("--warmup", type=float, default=15.0, help="seconds before the cut")
+    parser.add_argument("--warmup", type=float, default=10.0,
+                        help="seconds at least before the cut (default: %(default)s)")
     parser.add_argument("--cut", type=float, default=45.0,
                         help="seconds eu1 is cut off the global pair (default: %(default)s)")
+    parser.add_argument("--cut-at", choices=("low", "warmup"), default="low",
+                        help="low: after --warmup, once eu1's stock is down near its refill "
+                             "mark, the least it holds (default); warmup: right after --warmup")
     parser.add_argument("--cut-mode", choices=("hang", "refuse"), default="hang",
                         help="hang: nothing moves, nothing is closed (a partition); refuse: "
                              "connections are closed and refused")

@@ -47,7 +47,10 @@ def test_two_datacenters_one_cut_off_the_global_pair(
     done = subprocess.run(
         [sys.executable, str(RUN), "--out", str(tmp_path),
          "--global", *global_pair, "--na1", na1, "--eu1", eu1,
-         "--workers", "2", "--rate", "25", "--warmup", "3", "--cut", str(CUT), "--after", "3"],
+         # A stock of 1000 ids (the least a tier holds: 8 s at this rate is fewer), refilled
+         # under 500: the cut comes once eu1's is down near 500, and drains about 250.
+         "--workers", "2", "--rate", "25", "--supply", "8", "--warmup", "2", "--cut", str(CUT),
+         "--after", "4"],
         cwd=RUN.parent, env=os.environ.copy(), text=True, timeout=TIMEOUT,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False,
     )
@@ -61,7 +64,10 @@ def test_two_datacenters_one_cut_off_the_global_pair(
     assert result["failed_inserts"] == {"na1": 0, "eu1": 0}
     assert result["duplicate_keys"] == {"customers": 0, "orders": 0}
     cut = result["cut"]
-    assert cut["datacenter"] == "eu1" and cut["mode"] == "hang"
+    assert cut["datacenter"] == "eu1" and cut["mode"] == "hang" and cut["at"] == "low"
+    # The worst moment: eu1's stock near its refill mark, so refills were due, and failed,
+    # all through the cut.
+    assert cut["stock_at_start"]["stock"] <= 1.15 * cut["stock_at_start"]["refill_mark"]
     assert CUT <= cut["seconds"] < CUT + 2
     # The link was down: a ticket server did not answer through it, and eu1 stored no block
     # from the global pair while it was down, yet went on inserting.
@@ -69,6 +75,8 @@ def test_two_datacenters_one_cut_off_the_global_pair(
     assert cut["refills_at_start"] == cut["refills_at_end"]
     eu1_figures = result["per_datacenter"]["eu1"]
     assert eu1_figures["orders_during_cut"] > 0
+    # Refilled once the link was back.
+    assert eu1_figures["tier_at_end"]["orders"]["refills"] > cut["refills_at_end"]["orders"]
     in_cut = eu1_figures["orders_per_second"][int(cut["start"]) + 1:int(cut["end"])]
     assert in_cut and all(n > 0 for n in in_cut), eu1_figures["orders_per_second"]
     stock_in_cut = [s["tiers"]["eu1"]["orders"]["stock"] for s in result["tier_samples"]
@@ -80,6 +88,8 @@ def test_two_datacenters_one_cut_off_the_global_pair(
         assert figures["committed_by_workers"] == {"customers": figures["customers"],
                                                    "orders": figures["orders"]}
         assert figures["upstream_round_trips"] >= 1
+        # Nobody waited on the global pair: the stock never ran out.
+        assert figures["blocking_waits"]["tier"] == 0
     png = tmp_path / "multiregion_example.png"
     if HAVE_MATPLOTLIB:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
