@@ -36,6 +36,7 @@ import math
 import multiprocessing
 import queue
 import random
+import re
 import sys
 import threading
 import time
@@ -546,7 +547,7 @@ def _scenario(args: argparse.Namespace, processes: list[SpawnProcess],
         "failed_inserts": {dc: per_dc[dc]["failed_inserts"] for dc in DATACENTERS},
         "duplicate_keys": duplicates,
         "migration": migration,
-        "tier_samples": [asdict(s) for s in timeline.samples],
+        "orders_stock": stock_timeline(timeline.samples),
         "checks_failed": failed,
     }
     return summary, failed
@@ -570,6 +571,31 @@ def wait_for_low_stock(args: argparse.Namespace, url: str,
     print(f"{CUT}'s stock did not come down near its refill mark within {args.supply:g} s: "
           f"cutting now", flush=True)
     return seen
+
+
+def stock_timeline(samples: Sequence[Sample]) -> dict[str, dict[str, list[Any]]]:
+    """Per datacenter, the tier's figures for orders over time, one list per figure (``at``:
+    seconds since the inserts started)."""
+    keys = ("stock", "rate", "runway", "refills")
+    columns: dict[str, dict[str, list[Any]]] = {
+        dc: {key: [] for key in ("at", *keys)} for dc in DATACENTERS
+    }
+    for sample in samples:
+        for dc, tiers in sample.tiers.items():
+            figures = tiers.get("orders")
+            if figures is not None:
+                columns[dc]["at"].append(sample.at)
+                for key in keys:
+                    columns[dc][key].append(figures[key])
+    return columns
+
+
+def dumps(summary: dict[str, Any]) -> str:
+    """JSON with each list of numbers on one line."""
+    text = json.dumps(summary, indent=2)
+    return re.sub(r"\[\s*([-\d.eE,\s]|null)*\]",
+                  lambda m: re.sub(r"\s+", " ", m.group(0)).replace("[ ", "[").replace(" ]", "]"),
+                  text)
 
 
 def _probe(urls: Sequence[str]) -> str | None:
@@ -661,12 +687,10 @@ def plot(summary: dict[str, Any], path: Path) -> bool:
         rates = figures["orders_per_second"]
         top.plot([s + 0.5 for s in range(len(rates))], rates, style,
                  label=f"{dc} ({figures['backend']}): {figures['failed_inserts']} failed")
-        at = [s["at"] for s in summary["tier_samples"] if dc in s["tiers"]
-              and s["tiers"][dc].get("orders", {}).get("runway") is not None]
-        runway = [s["tiers"][dc]["orders"]["runway"] for s in summary["tier_samples"]
-                  if dc in s["tiers"] and s["tiers"][dc].get("orders", {}).get("runway")
-                  is not None]
-        bottom.plot(at, runway, style, label=dc)
+        timeline = summary["orders_stock"][dc]
+        known = [(at, r) for at, r in zip(timeline["at"], timeline["runway"], strict=True)
+                 if r is not None]
+        bottom.plot([at for at, _ in known], [r for _, r in known], style, label=dc)
     for ax in (top, bottom):
         ax.axvspan(cut["start"], cut["end"], color="tab:red", alpha=0.12,
                    label=f"{cut['datacenter']} cut off the global pair" if ax is top else None)
@@ -758,7 +782,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"FAILED: {failure}", file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "multiregion_example.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (args.out / "multiregion_example.json").write_text(dumps(summary) + "\n")
     png = args.out / "multiregion_example.png"
     if plot(summary, png):
         print(f"wrote {png}")

@@ -79,8 +79,9 @@ def test_two_datacenters_one_cut_off_the_global_pair(
     assert eu1_figures["tier_at_end"]["orders"]["refills"] > cut["refills_at_end"]["orders"]
     in_cut = eu1_figures["orders_per_second"][int(cut["start"]) + 1:int(cut["end"])]
     assert in_cut and all(n > 0 for n in in_cut), eu1_figures["orders_per_second"]
-    stock_in_cut = [s["tiers"]["eu1"]["orders"]["stock"] for s in result["tier_samples"]
-                    if cut["start"] + 1.5 <= s["at"] <= cut["end"] and "eu1" in s["tiers"]]
+    timeline = result["orders_stock"]["eu1"]
+    stock_in_cut = [stock for at, stock in zip(timeline["at"], timeline["stock"], strict=True)
+                    if cut["start"] + 1.5 <= at <= cut["end"]]
     assert stock_in_cut == sorted(stock_in_cut, reverse=True), "eu1's stock grew in the cut"
     for dc in ("na1", "eu1"):
         figures = result["per_datacenter"][dc]
