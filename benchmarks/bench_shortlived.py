@@ -3,10 +3,12 @@ rows in bursts through ``configure(url)`` (= ``CachedSource(TicketServer(url))``
 
 Each process is a fresh interpreter (``multiprocessing`` spawn). It inserts ``1 + sum(BURSTS)``
 rows (30,000; ``--smoke``: 3,000) into an SQLite application database, one ORM flush per burst,
-with ids from a ticket server on the backend measured, then exits normally: whatever its cache
-still holds is burned. Burned by process *k* = first id of process *k+1* - last id of process
-*k* - 1 (the third is followed by one more id taken straight from the server). Reported per
-backend: burned / inserted per process (target: at most 0.10), round trips and blocking waits.
+with ids from a ticket server on the backend measured, then exits normally: its cache gives the
+ids it still holds back to the server (the process is the server's only client, so its last
+block is the server's), and what the server could not take back is burned. Burned by process
+*k* = first id of process *k+1* - last id of process *k* - 1 (the third is followed by one more
+id taken straight from the server). Reported per backend: burned / inserted per process (target:
+at most 0.10), round trips and blocking waits.
 
     .venv/bin/python benchmarks/bench_shortlived.py [--smoke] [--backends sqlite,postgresql,mysql]
 """
