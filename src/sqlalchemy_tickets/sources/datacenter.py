@@ -211,6 +211,17 @@ def _create(own: OwnEngine, names: TierTables) -> None:
                 own.url.render_as_string())
 
 
+def _share_an_id(a: range, b: range) -> bool:
+    """Whether two increasing ranges have an id in common (strides are small: a ticket server
+    pair's N)."""
+    low, high = max(a.start, b.start), min(a[-1], b[-1])
+    if low > high:
+        return False
+    first = a.start + -(-(low - a.start) // a.step) * a.step  # a's first id >= low
+    period = a.step * b.step // math.gcd(a.step, b.step)
+    return any(x in b for x in range(first, min(high, first + period - 1) + 1, a.step))
+
+
 # -- status ------------------------------------------------------------------------------------
 
 
@@ -562,12 +573,17 @@ class DatacenterTier:
             ).one_or_none()
             if row is None:
                 raise _NoState
-            overlap = conn.execute(
-                sa.select(stock.c.first_id).where(
+            # Ranges of an odd/even pair interleave: rows spanning the same interval may
+            # still share no id, so the ids themselves are compared.
+            near = conn.execute(
+                sa.select(stock.c.first_id, stock.c.last_id, stock.c.step).where(
                     *self._stock_key(lane), stock.c.first_id <= last, stock.c.last_id >= ids.start
-                ).limit(1)
-            ).first()
-            if overlap is not None:
+                )
+            ).all()
+            if any(
+                _share_an_id(ids, range(int(r.first_id), int(r.last_id) + 1, int(r.step)))
+                for r in near
+            ):
                 return 0
             conn.execute(
                 sa.insert(stock).values(
