@@ -296,3 +296,233 @@ def test_callers_never_wait_on_a_hung_upstream(
         proxy.forward()
         tier.close()
         upstream.close()
+
+
+# -- refills across processes ------------------------------------------------------------------
+
+
+class _Recorded:
+    """An upstream that records when each of its calls ran (the system-wide monotonic clock,
+    comparable across processes), and answers ``delay`` seconds late, as a distant global tier
+    does; or, with ``stall``, signals ``entered`` and never answers (until the process is
+    killed: a process-local event, since killing a process that waits on a multiprocessing
+    Event leaves that Event's ``set()`` waiting for it forever)."""
+
+    def __init__(
+        self, source: TicketServer, delay: float = 0.0, entered: Any = None, stall: bool = False
+    ) -> None:
+        self.source = source
+        self.delay = delay
+        self.entered = entered
+        self.stall = stall
+        self.calls: list[tuple[float, float]] = []
+
+    def next_id(self, sequence: str | None = None, *, bits: int = 64) -> int:
+        return self.next_block(sequence, 1, bits=bits).start
+
+    def next_block(self, sequence: str | None, count: int, *, bits: int = 64) -> range:
+        started = time.monotonic()
+        if self.entered is not None:
+            self.entered.set()
+        if self.stall:
+            threading.Event().wait(600)  # a refiller stuck on upstream until it is killed
+        block = self.source.next_block(sequence, count, bits=bits)
+        threading.Event().wait(self.delay)  # the distant tier's latency
+        self.calls.append((started, time.monotonic()))
+        return block
+
+
+def _refill_racer(url: str, upstream_url: str, barrier: Any, queue: Any) -> None:
+    recorded = _Recorded(TicketServer(upstream_url), delay=0.03)
+    tier = DatacenterTier(url, recorded, supply=0.001, min_block=50, timeout=10.0)
+    barrier.wait(60)
+    ids = _drain(tier, "photos", 600, per=10)
+    tier.close()
+    queue.put((ids, recorded.calls))
+
+
+def test_one_refill_at_a_time_across_processes(backend: str, make_database: Any) -> None:
+    url, upstream_url = make_database(backend), make_database(backend)
+    create_datacenter_tables(url)
+    ctx = multiprocessing.get_context("spawn")
+    n = 4
+    barrier, queue = ctx.Barrier(n), ctx.Queue()
+    children = [
+        ctx.Process(target=_refill_racer, args=(url, upstream_url, barrier, queue))
+        for _ in range(n)
+    ]
+    for child in children:
+        child.start()
+    try:
+        results = [queue.get(timeout=300) for _ in children]
+    finally:
+        for child in children:
+            child.join(30)
+    ids = [i for got, _ in results for i in got]
+    assert len(ids) == len(set(ids)) == n * 600
+    calls = sorted((start, end, k) for k, (_, mine) in enumerate(results) for start, end in mine)
+    assert len({k for *_, k in calls}) >= 2  # the refills did move between processes
+    for (_, end, k), (start, _, other) in zip(calls, calls[1:], strict=False):
+        assert start >= end, f"process {other} asked upstream while process {k} was refilling"
+
+
+def _stalled_refiller(url: str, upstream_url: str, entered: Any) -> None:
+    recorded = _Recorded(TicketServer(upstream_url), entered=entered, stall=True)
+    tier = DatacenterTier(url, recorded, supply=0.001, min_block=50, claim_timeout=3.0)
+    try:
+        tier.next_block("photos", 1)
+    except TicketServerUnavailable:
+        pass  # the stock stayed empty: its refill hangs
+    threading.Event().wait(600)
+
+
+def test_a_refiller_killed_mid_refill_blocks_refills_only_until_its_claim_runs_out(
+    backend: str, make_database: Any
+) -> None:
+    url, upstream_url = make_database(backend), make_database(backend)
+    ctx = multiprocessing.get_context("spawn")
+    entered = ctx.Event()
+    child = ctx.Process(target=_stalled_refiller, args=(url, upstream_url, entered))
+    child.start()
+    try:
+        assert entered.wait(120)  # it claimed the refill and is inside upstream
+        claim = _status(url)
+        assert claim.claim_owner is not None and claim.claim_owner.split(":")[1] == str(child.pid)
+        child.kill()  # SIGKILL mid-refill: the claim stays in the row
+        child.join(30)
+        killed_at = time.monotonic()
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join(30)
+    upstream = TicketServer(upstream_url)
+    try:
+        with DatacenterTier(url, upstream, supply=0.001, min_block=50, timeout=20.0) as tier:
+            block = tier.next_block("photos", 5)
+            waited = time.monotonic() - killed_at
+            assert tier.stats()["claims"] >= 1  # its own claim, once the dead one ran out
+    finally:
+        upstream.close()
+    remaining = claim.claim_expires_in or 0.0
+    assert waited >= remaining - 0.5  # the live-looking claim was honoured...
+    assert waited < remaining + 5  # ...and no longer than its timeout
+    assert len(block) == 5
+
+
+# -- several datacenters, processes, threads; kills ----------------------------------------------
+
+
+def _datacenter_worker(
+    dc_url: str, globals_: list[str], threads: int, per: int, queue: Any
+) -> None:
+    from sqlalchemy_tickets import TicketServers
+
+    upstream = TicketServers(globals_)
+    tier = DatacenterTier(dc_url, upstream, min_block=200)
+    cache = CachedSource(tier, min_block=8)
+    out: list[int] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        mine = [cache.next_id("orders") for _ in range(per)]
+        mine.extend(tier.next_block("orders", 25))  # straight from the tier too
+        with lock:
+            out.extend(mine)
+
+    pool = [threading.Thread(target=work) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    cache.close()
+    tier.close()
+    queue.put(out)
+
+
+def test_two_datacenters_processes_and_threads_over_one_global_pair(make_database: Any) -> None:
+    datacenters = [make_database("postgresql"), make_database("mysql")]
+    globals_ = [make_database("mysql"), make_database("postgresql")]
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    children = [
+        ctx.Process(target=_datacenter_worker, args=(dc, globals_, 3, 400, queue))
+        for dc in datacenters
+        for _ in range(3)
+    ]
+    for child in children:
+        child.start()
+    try:
+        results = [queue.get(timeout=300) for _ in children]
+    finally:
+        for child in children:
+            child.join(30)
+    ids = [i for got in results for i in got]
+    assert len(ids) == len(set(ids)) >= 6 * 3 * 401
+    assert {i % 2 for i in ids} == {0, 1}  # both global servers served
+    for dc in datacenters:
+        status = _status(dc, "orders")
+        assert status.refills >= 1 and status.issued > 0
+
+
+def _taker_until_killed(url: str, upstream_url: str, path: str) -> None:
+    """Takes blocks as fast as it can, writing each one down once it has it."""
+    tier = DatacenterTier(
+        url, TicketServer(upstream_url), supply=0.001, min_block=40, claim_timeout=1.0
+    )
+    with open(path, "a") as out:
+        while True:
+            try:
+                block = tier.next_block("photos", 3)
+            except TicketServerUnavailable:
+                continue  # SQLite: three processes at full speed on one file; ask again
+            out.write(f"{block.start} {block.stop} {block.step}\n")
+            out.flush()
+
+
+def _written(path: Any) -> list[int]:
+    ids: list[int] = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3:  # a line cut short by the kill was never written whole
+            ids.extend(range(*map(int, parts)))
+    return ids
+
+
+def test_processes_killed_mid_take_and_mid_refill_never_cause_a_duplicate(
+    backend: str, make_database: Any, tmp_path: Any
+) -> None:
+    url, upstream_url = make_database(backend), make_database(backend)
+    create_datacenter_tables(url)
+    ctx = multiprocessing.get_context("spawn")
+    files = []
+    for round_ in range(3):
+        children = []
+        for k in range(3):
+            path = tmp_path / f"taken-{round_}-{k}.txt"
+            path.touch()
+            files.append(path)
+            child = ctx.Process(target=_taker_until_killed, args=(url, upstream_url, str(path)))
+            child.start()
+            children.append((child, path))
+        try:
+            deadline = time.monotonic() + 120
+            # Each has taken a few hundred ids (several refills), and is still at it.
+            while not all(len(_written(p)) >= 300 + 30 * k for k, (_, p) in enumerate(children)):
+                assert time.monotonic() < deadline, "the takers made no progress"
+                threading.Event().wait(0.02)
+        finally:
+            for child, _ in children:
+                child.kill()
+            for child, _ in children:
+                child.join(30)
+    taken = [i for path in files for i in _written(path)]
+    assert len(taken) == len(set(taken))
+    upstream = TicketServer(upstream_url)
+    try:
+        with DatacenterTier(url, upstream, supply=0.001, min_block=40, timeout=10.0) as tier:
+            held = _status(url).stock
+            after = _drain(tier, "photos", held + 200, per=9)
+    finally:
+        upstream.close()
+    assert len(after) == len(set(after))
+    assert not set(after) & set(taken)
