@@ -374,3 +374,41 @@ def test_a_rolling_restart_over_a_datacenter_tier_burns_nothing(
     # it again first: to a worker still running, or to the next round.
     again = set(held[0]) & set(every)
     assert len(again) >= len(held[0]) // 2, (len(again), len(held[0]))
+
+
+def test_interpreter_exit_gives_back_to_a_datacenter_tier(
+    backend: str, make_database: Any, tmp_path: Path
+) -> None:
+    """``configure(CachedSource(DatacenterTier(...)))`` and a plain exit: the ids the cache held
+    are in the tier's stock again, and the next process gets them first."""
+    dc_url, global_url = make_database(backend), make_database(backend)
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(f"""
+        import json
+        from sqlalchemy_tickets import CachedSource, DatacenterTier, TicketServer, configure
+
+        cache = CachedSource(
+            DatacenterTier({dc_url!r}, TicketServer({global_url!r}), min_block=500),
+            min_block=50, waste_ratio=1.0,
+        )
+        configure(cache)
+        highest = max(cache.next_id("jobs") for _ in range(400))
+        cache.wait_idle(10)
+        print(json.dumps({{"highest": highest, "held": cache.stats()["in_hand"]}}))
+    """))
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=_env()
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    held = report["held"]
+    assert held > 0
+    upstream = TicketServer(global_url)
+    try:
+        with DatacenterTier(dc_url, upstream, min_block=500) as tier:
+            drawn: list[int] = []
+            while len(drawn) < held:
+                drawn.extend(tier.next_block("jobs", held - len(drawn)))
+    finally:
+        upstream.close()
+    assert sorted(drawn) == list(range(report["highest"] + 1, report["highest"] + 1 + held))
