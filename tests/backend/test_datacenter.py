@@ -526,3 +526,42 @@ def test_processes_killed_mid_take_and_mid_refill_never_cause_a_duplicate(
         upstream.close()
     assert len(after) == len(set(after))
     assert not set(after) & set(taken)
+
+
+def test_the_stock_survives_a_crash_of_the_datacenter_database(
+    private_mariadb_factory: Any, proxied_upstream: tuple[TcpProxy, str]
+) -> None:
+    proxy, upstream_url = proxied_upstream
+    server = private_mariadb_factory()
+    engine = sa.create_engine(server.url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE DATABASE dc")
+    engine.dispose()
+    url = server.url.rstrip("/") + "/dc"
+    upstream = TicketServer(upstream_url, timeout=1.0)
+    try:
+        tier = DatacenterTier(url, upstream, supply=0.001, min_block=300, timeout=2.0)
+        first = tier.next_block("photos", 10)
+        assert tier.wait_idle(10)
+        held = _status(url).stock
+        server.kill()  # SIGKILL: InnoDB recovers from its log
+        with pytest.raises(TicketServerUnavailable):
+            tier.next_block("photos", 1)
+        server.restart()
+        proxy.refuse()  # and the global tier is down too
+        after: list[int] = []
+        failures = 0
+        with pytest.raises(TicketServerUnavailable):
+            while True:
+                try:
+                    after.extend(tier.next_block("photos", 10))
+                except TicketServerUnavailable:
+                    if after or failures:  # empty (or down twice): done
+                        raise
+                    failures += 1  # a pooled connection from before the crash
+        tier.close()
+    finally:
+        proxy.forward()
+        upstream.close()
+    assert len(after) == len(set(after)) == held  # every id in stock, once, after the crash
+    assert not set(after) & set(first)
