@@ -565,3 +565,53 @@ def test_the_stock_survives_a_crash_of_the_datacenter_database(
         upstream.close()
     assert len(after) == len(set(after)) == held  # every id in stock, once, after the crash
     assert not set(after) & set(first)
+
+
+class _Gated:
+    """An upstream whose calls wait for ``gate`` (a refiller stalled on a slow global tier)."""
+
+    def __init__(self, source: TicketServer) -> None:
+        self.source = source
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def next_id(self, sequence: str | None = None, *, bits: int = 64) -> int:
+        return self.next_block(sequence, 1, bits=bits).start
+
+    def next_block(self, sequence: str | None, count: int, *, bits: int = 64) -> range:
+        self.entered.set()
+        assert self.gate.wait(60)
+        return self.source.next_block(sequence, count, bits=bits)
+
+
+def test_a_stalled_refiller_loses_its_claim_and_its_late_block_is_kept(
+    database_url: str, upstream: TicketServer
+) -> None:
+    gated = _Gated(upstream)
+    stalled = DatacenterTier(database_url, gated, supply=0.001, min_block=50, claim_timeout=1.0)
+    other = DatacenterTier(database_url, upstream, supply=0.001, min_block=50, timeout=10.0)
+    try:
+        with pytest.raises(TicketServerUnavailable):
+            stalled.next_block("photos", 1)  # its refill is stuck upstream, holding the claim
+        assert gated.entered.is_set()
+        started = time.monotonic()
+        taken = _drain(other, "photos", 60, per=10)  # waits for the claim to run out, no more
+        assert time.monotonic() - started < 8
+        gated.gate.set()  # the stalled refill answers at last: stored, then it stops
+        deadline = time.monotonic() + 30
+        while stalled.stats()["claims_lost"] < 1:
+            assert time.monotonic() < deadline, "the stalled refill never came back"
+            threading.Event().wait(0.02)
+        assert stalled.stats()["refilled"] == 50
+        assert other.wait_idle(10)
+        held = _status(database_url).stock
+        rest = _drain(other, "photos", held, per=10)
+        every = taken + rest
+        assert len(every) == len(set(every)) == 60 + held
+        assert _status(database_url).refilled == stalled.stats()["refilled"] + other.stats()[
+            "refilled"
+        ]
+    finally:
+        gated.gate.set()
+        stalled.close()
+        other.close()
