@@ -504,6 +504,9 @@ def _scenario(args: argparse.Namespace, processes: list[SpawnProcess],
         check(committed == {"customers": figures["customers"], "orders": figures["orders"]},
               f"{dc}: the workers saw {committed} committed, the database holds "
               f"{figures['customers']} customers and {figures['orders']} orders", failed)
+        check(figures["ids_burned_at_close"] == 0,
+              f"{dc}: its processes burned {figures['ids_burned_at_close']} ids stopping "
+              "cleanly (each cache gives what it holds back to the tier)", failed)
     check(sum(duplicates.values()) == 0, f"keys in both datacenters: {duplicates}", failed)
     check(per_dc[CUT]["orders_during_cut"] > 0, f"{CUT} inserted nothing during the cut", failed)
     check(per_dc[CUT]["blocking_waits"]["tier"] == 0,
