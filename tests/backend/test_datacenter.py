@@ -465,30 +465,48 @@ def test_two_datacenters_processes_and_threads_over_one_global_pair(make_databas
 
 
 def _taker_until_killed(url: str, upstream_url: str, path: str) -> None:
-    """Takes blocks as fast as it can, writing each one down once it has it."""
+    """Takes blocks as fast as it can, writing each one down once it has it; gives half of
+    every other block back, writing that down first (from then on those ids are not its)."""
     tier = DatacenterTier(
         url, TicketServer(upstream_url), supply=0.001, min_block=40, claim_timeout=1.0
     )
     with open(path, "a") as out:
+        turn = 0
         while True:
             try:
-                block = tier.next_block("photos", 3)
+                block = tier.next_block("photos", 4)
             except TicketServerUnavailable:
                 continue  # SQLite: three processes at full speed on one file; ask again
-            out.write(f"{block.start} {block.stop} {block.step}\n")
+            out.write(f"T {block.start} {block.stop} {block.step}\n")
             out.flush()
+            turn += 1
+            if turn % 2 and len(block) > 1:
+                back = block[len(block) // 2 :]
+                out.write(f"G {back.start} {back.stop} {back.step}\n")
+                out.flush()
+                while True:
+                    try:
+                        tier.give_back("photos", back)
+                        break
+                    except TicketServerUnavailable:
+                        continue
 
 
 def _written(path: Any) -> list[int]:
-    ids: list[int] = []
+    """The ids a taker used: taken and not given back (a line cut short by the kill was
+    never written whole: a block taken but not written down is burned, never used)."""
+    used: list[int] = []
     for line in path.read_text().splitlines():
         parts = line.split()
-        if len(parts) == 3:  # a line cut short by the kill was never written whole
-            ids.extend(range(*map(int, parts)))
-    return ids
+        if len(parts) == 4 and parts[0] == "T":
+            used.extend(range(*map(int, parts[1:])))
+        elif len(parts) == 4 and parts[0] == "G":
+            back = set(range(*map(int, parts[1:])))
+            used = [i for i in used if i not in back]
+    return used
 
 
-def test_processes_killed_mid_take_and_mid_refill_never_cause_a_duplicate(
+def test_processes_killed_mid_take_mid_give_back_and_mid_refill_never_cause_a_duplicate(
     backend: str, make_database: Any, tmp_path: Any
 ) -> None:
     url, upstream_url = make_database(backend), make_database(backend)
