@@ -32,6 +32,23 @@ from support.proxy import TcpProxy
 STEADY: dict[str, Any] = {"supply": 0.001, "min_block": 100, "timeout": 2.0}
 
 
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def _results_of(target: Callable[..., None], arguments: list[tuple[Any, ...]]) -> list[Any]:
+    """Runs ``target(*args, queue)`` in a spawned process per ``args``; what each put on the
+    queue, in the order they finished."""
+    queue = SPAWN.Queue()
+    children = [SPAWN.Process(target=target, args=(*args, queue)) for args in arguments]
+    for child in children:
+        child.start()
+    try:
+        return [queue.get(timeout=300) for _ in children]
+    finally:
+        for child in children:
+            child.join(30)
+
+
 def _status(url: str, sequence: str = "photos") -> Any:
     return next(s for s in describe_datacenter(url) if s.sequence == sequence)
 
@@ -344,20 +361,9 @@ def _refill_racer(url: str, upstream_url: str, barrier: Any, queue: Any) -> None
 def test_one_refill_at_a_time_across_processes(backend: str, make_database: Any) -> None:
     url, upstream_url = make_database(backend), make_database(backend)
     create_datacenter_tables(url)
-    ctx = multiprocessing.get_context("spawn")
     n = 4
-    barrier, queue = ctx.Barrier(n), ctx.Queue()
-    children = [
-        ctx.Process(target=_refill_racer, args=(url, upstream_url, barrier, queue))
-        for _ in range(n)
-    ]
-    for child in children:
-        child.start()
-    try:
-        results = [queue.get(timeout=300) for _ in children]
-    finally:
-        for child in children:
-            child.join(30)
+    barrier = SPAWN.Barrier(n)
+    results = _results_of(_refill_racer, [(url, upstream_url, barrier)] * n)
     ids = [i for got, _ in results for i in got]
     assert len(ids) == len(set(ids)) == n * 600
     calls = sorted((start, end, k) for k, (_, mine) in enumerate(results) for start, end in mine)
@@ -442,20 +448,9 @@ def _datacenter_worker(
 def test_two_datacenters_processes_and_threads_over_one_global_pair(make_database: Any) -> None:
     datacenters = [make_database("postgresql"), make_database("mysql")]
     globals_ = [make_database("mysql"), make_database("postgresql")]
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    children = [
-        ctx.Process(target=_datacenter_worker, args=(dc, globals_, 3, 400, queue))
-        for dc in datacenters
-        for _ in range(3)
-    ]
-    for child in children:
-        child.start()
-    try:
-        results = [queue.get(timeout=300) for _ in children]
-    finally:
-        for child in children:
-            child.join(30)
+    results = _results_of(
+        _datacenter_worker, [(dc, globals_, 3, 400) for dc in datacenters for _ in range(3)]
+    )
     ids = [i for got in results for i in got]
     assert len(ids) == len(set(ids)) >= 6 * 3 * 401
     assert {i % 2 for i in ids} == {0, 1}  # both global servers served

@@ -19,10 +19,8 @@ from sqlalchemy.orm import (
 
 from sqlalchemy_tickets import (
     CommitOutcomeUnknownError,
-    TicketServer,
     apply_timeouts,
     async_retry_session,
-    configure,
     retry_session,
 )
 from support.proxy import TcpProxy
@@ -240,50 +238,40 @@ def test_decorator_and_tenacity_strategies(rig: Rig) -> None:
 
 def test_async_lost_commit_reply_and_violation(make_database, backend: str) -> None:
     url = make_database(backend)
-    direct = sa.create_engine(url)
-    Base.metadata.create_all(direct)
-    direct.dispose()
-    tickets = TicketServer(url)
-    configure(tickets)
-    target = sa.engine.make_url(url)
-    try:
-        with TcpProxy(target.host or "127.0.0.1", target.port or 0) as proxy:
-            async_url = sa.engine.make_url(proxy.url(url)).set(drivername=ASYNC_DRIVERS[backend])
+    with behind_proxy(url) as proxy:
+        async_url = sa.engine.make_url(proxy.url(url)).set(drivername=ASYNC_DRIVERS[backend])
 
-            async def main() -> tuple[int, int]:
-                engine = create_async_engine(async_url)
-                factory = async_sessionmaker(engine, expire_on_commit=False)
-                calls = []
+        async def main() -> tuple[int, int]:
+            engine = create_async_engine(async_url)
+            factory = async_sessionmaker(engine, expire_on_commit=False)
+            calls = []
 
-                async def work(session) -> str:  # type: ignore[no-untyped-def]
-                    calls.append(1)
-                    session.add_all([Parent(name=f"a{i}", children=[Child()]) for i in range(5)])
-                    return "ok"
+            async def work(session) -> str:  # type: ignore[no-untyped-def]
+                calls.append(1)
+                session.add_all([Parent(name=f"a{i}", children=[Child()]) for i in range(5)])
+                return "ok"
 
-                proxy.swallow_reply_after(COMMIT[backend])
-                assert await async_retry_session(factory, work, sleep=_no_async_sleep) == "ok"
-                assert len(calls) == 1
+            proxy.swallow_reply_after(COMMIT[backend])
+            assert await async_retry_session(factory, work, sleep=_no_async_sleep) == "ok"
+            assert len(calls) == 1
 
-                async def clash(session) -> None:  # type: ignore[no-untyped-def]
-                    calls.append(1)
-                    session.add(Member(email="x@example.com"))
-                    session.add(Member(email="x@example.com"))
+            async def clash(session) -> None:  # type: ignore[no-untyped-def]
+                calls.append(1)
+                session.add(Member(email="x@example.com"))
+                session.add(Member(email="x@example.com"))
 
-                with pytest.raises(sa.exc.IntegrityError):
-                    await async_retry_session(factory, clash, sleep=_no_async_sleep)
-                assert len(calls) == 2
-                async with factory() as session:
-                    parents = await session.scalar(sa.select(sa.func.count()).select_from(Parent))
-                    members = await session.scalar(sa.select(sa.func.count()).select_from(Member))
-                await engine.dispose()
-                return int(parents or 0), int(members or 0)
+            with pytest.raises(sa.exc.IntegrityError):
+                await async_retry_session(factory, clash, sleep=_no_async_sleep)
+            assert len(calls) == 2
+            async with factory() as session:
+                parents = await session.scalar(sa.select(sa.func.count()).select_from(Parent))
+                members = await session.scalar(sa.select(sa.func.count()).select_from(Member))
+            await engine.dispose()
+            return int(parents or 0), int(members or 0)
 
-            parents, members = asyncio.run(main())
-            assert proxy.faults_fired == 1
-            assert parents == 5 and members == 0
-    finally:
-        configure(None)
-        tickets.close()
+        parents, members = asyncio.run(main())
+        assert proxy.faults_fired == 1
+        assert parents == 5 and members == 0
 
 
 async def _no_async_sleep(seconds: float) -> None:
