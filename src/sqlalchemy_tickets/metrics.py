@@ -62,6 +62,8 @@ class SequenceFigures:
     issued: int
     #: Ids given up unused when caches closed (a restart's waste).
     burned: int
+    #: Ids caches gave back to their source when they closed (not burned: issued again).
+    given_back: int
     #: Ids held in memory now: the most a crash would burn.
     in_hand: int
     #: Calls that found the cache empty and waited for a round trip.
@@ -97,7 +99,10 @@ def figures() -> list[SequenceFigures]:
     for cache in caches:
         for key, lane in cache.stats()["sequences"].items():
             total = sums.setdefault(key, {})
-            for name in ("issued", "burned", "round_trips", "blocking_waits", "in_hand", "rate"):
+            for name in (
+                "issued", "burned", "given_back", "round_trips", "blocking_waits", "in_hand",
+                "rate",
+            ):
                 total[name] = total.get(name, 0) + lane[name]
             total["failures"] = max(total.get("failures", 0), lane["failures"])
             total["last_issued"] = max(total.get("last_issued", 0), lane["last_issued"])
@@ -111,6 +116,7 @@ def figures() -> list[SequenceFigures]:
                 bits=int(bits),
                 issued=int(total.get("issued", 0)),
                 burned=int(total.get("burned", 0)),
+                given_back=int(total.get("given_back", 0)),
                 in_hand=int(total.get("in_hand", 0)),
                 blocking_waits=int(total.get("blocking_waits", 0)),
                 round_trips=int(total.get("round_trips", 0)),
@@ -153,6 +159,9 @@ INSTRUMENTS: tuple[Instrument, ...] = (
                lambda f: f.blocking_waits),
     Instrument("tickets.source.round_trips", "counter", "{round_trip}",
                "Blocks taken from upstream sources", lambda f: f.round_trips),
+    Instrument("tickets.ids.given_back", "counter", "{id}",
+               "Ids caches gave back to their source on closing (issued again, not burned)",
+               lambda f: f.given_back),
     Instrument("tickets.cache.refill_failures", "gauge", "{failure}",
                "Refills that failed in a row, now (0 once one works)",
                lambda f: f.refill_failures),

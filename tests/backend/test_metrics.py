@@ -31,6 +31,7 @@ STATS_KEY = {
     "tickets.cache.blocking_waits": "blocking_waits",
     "tickets.source.round_trips": "round_trips",
     "tickets.cache.refill_failures": "failures",
+    "tickets.ids.given_back": "given_back",
 }
 
 
@@ -122,6 +123,20 @@ def test_counters_of_a_closed_cache_are_kept_and_burned_ids_show(reader, server)
     assert after["tickets.source.round_trips"][sequence, 64] == before[
         "tickets.source.round_trips"][sequence, 64]
     assert after["tickets.cache.in_hand"][sequence, 64] == 0
+
+
+def test_ids_given_back_on_closing_show_and_are_not_burned(reader, server) -> None:
+    sequence = _name()
+    cache = CachedSource(server, min_block=100)
+    for _ in range(10):
+        cache.next_id(sequence)
+    assert cache.wait_idle(10)
+    held = cache.stats()["in_hand"]
+    assert held > 0
+    assert cache.close() == 0  # its blocks were the server's last: taken back
+    after = read_back(reader)
+    assert after["tickets.ids.given_back"][sequence, 64] == held
+    assert after["tickets.ids.burned"][sequence, 64] == 0
 
 
 def test_two_caches_of_one_sequence_are_summed(reader, server) -> None:

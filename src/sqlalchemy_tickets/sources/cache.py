@@ -729,7 +729,9 @@ _open_caches: weakref.WeakSet[CachedSource] = weakref.WeakSet()
 # Guards _open_caches and _retired: metrics read them from a collector's thread.
 _open_caches_lock = threading.Lock()
 # Counters of closed caches, per "name/bits", so that counters read by metrics never go back.
-_RETIRED_KEYS = ("issued", "burned", "round_trips", "blocking_waits", "refills")
+_RETIRED_KEYS = (
+    "issued", "burned", "given_back", "round_trips", "blocking_waits", "refills"
+)
 _retired: dict[str, dict[str, int]] = {}
 
 
