@@ -1,4 +1,5 @@
-"""Alembic support: ``op.create_ticket_table`` / ``op.drop_ticket_table`` and autogenerate.
+"""Alembic support: ``op.create_ticket_table`` / ``op.drop_ticket_table``,
+``op.create_datacenter_tables`` / ``op.drop_datacenter_tables``, and autogenerate.
 
 Importing this package registers everything with Alembic. In ``env.py``::
 
@@ -17,6 +18,8 @@ In a migration::
     op.create_ticket_table("Photos", increment=2, offset=2) # even ids: server 2 of an odd/even pair
     op.create_ticket_table(bits=32)                         # Flickr's Tickets32
     op.drop_ticket_table("Photos")
+    op.create_datacenter_tables()                           # tickets_dc__stock, __state
+    op.drop_datacenter_tables(table_prefix="tickets_eu")
 
 Autogenerate proposes ``op.create_ticket_table(...)`` for the ``TicketId`` columns of the target
 metadata whose ids are drawn from the database being migrated (the embedded default on
@@ -26,7 +29,11 @@ is missing there; columns on dedicated ticket servers get nothing (their tables 
 drop a ticket table (``context.configure(..., sqlalchemy_tickets_autogenerate=False)`` turns the
 comparator off). Autogenerate writes ``TicketId`` columns as ``sqlalchemy_tickets.TicketId(...)``
 but writes ``import sqlalchemy_tickets.alembic`` only into scripts with a ticket-table operation:
-keep ``import sqlalchemy_tickets`` in the project's ``script.py.mako``.
+keep ``import sqlalchemy_tickets`` in the project's ``script.py.mako``. A datacenter tier's
+tables in the target metadata
+(:func:`~sqlalchemy_tickets.sources.datacenter.datacenter_tables`) and missing from the
+database are proposed as one ``op.create_datacenter_tables(...)``; a tier's tables are never
+proposed for dropping.
 """
 
 from __future__ import annotations
@@ -34,8 +41,10 @@ from __future__ import annotations
 from . import render, toimpl  # noqa: F401  (registration side effects)
 from .compare import include_object, is_ticket_table_name, ticket_tables
 from .ops import (
+    CreateDatacenterTablesOp,
     CreateTicketTableOp,
     CreateWorkerLeaseTableOp,
+    DropDatacenterTablesOp,
     DropTicketTableOp,
     DropWorkerLeaseTableOp,
     RestrideTicketTableOp,
@@ -43,8 +52,10 @@ from .ops import (
 )
 
 __all__ = [
+    "CreateDatacenterTablesOp",
     "CreateTicketTableOp",
     "CreateWorkerLeaseTableOp",
+    "DropDatacenterTablesOp",
     "DropWorkerLeaseTableOp",
     "DropTicketTableOp",
     "RestrideTicketTableOp",

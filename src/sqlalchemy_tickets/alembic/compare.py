@@ -24,6 +24,14 @@ Ticket tables are never in the metadata, so Alembic itself would propose to drop
 would issue the same ids twice. :func:`include_object` does the same at the source, for users
 who prefer it (or who run a version of Alembic where the comparator below is not reached).
 
+Datacenter tiers: when ``target_metadata`` holds a tier's two tables
+(:func:`~sqlalchemy_tickets.sources.datacenter.datacenter_tables`) and the database lacks them,
+the two ``op.create_table`` Alembic would write become one ``op.create_datacenter_tables(...)``
+— the same DDL, and a downgrade of ``op.drop_datacenter_tables(...)``. A tier's tables that are in the
+database but not in the metadata (``DatacenterTier`` creates them on first use) are never
+proposed for dropping: the ids in stock would be burned and every process of the datacenter
+would fail until they are back.
+
 Turn the comparator off with ``context.configure(..., sqlalchemy_tickets_autogenerate=False)``.
 """
 
@@ -40,14 +48,20 @@ from alembic.autogenerate.api import AutogenContext
 from alembic.operations import ops
 from sqlalchemy.engine import URL
 
-from .._naming import DEFAULT_TABLE_TEMPLATE, TicketTable, ticket_table
+from .._naming import (
+    DEFAULT_TABLE_TEMPLATE,
+    DEFAULT_TIER_PREFIX,
+    TicketTable,
+    ticket_table,
+    tier_tables,
+)
 from ..columns import TicketId
 from ..dialects import backend_for
 from ..errors import TicketsError
 from ..sources.cache import CachedSource
 from ..sources.default import configured_source
 from ..sources.server import TicketServer
-from .ops import CreateTicketTableOp
+from .ops import CreateDatacenterTablesOp, CreateTicketTableOp
 
 __all__ = ["include_object", "is_ticket_table_name", "ticket_tables"]
 
@@ -77,6 +91,11 @@ def is_ticket_table_name(name: str, table_template: str = DEFAULT_TABLE_TEMPLATE
     return pattern.match(name) is not None
 
 
+_DEFAULT_TIER = tier_tables(DEFAULT_TIER_PREFIX)
+_TIER_NAMES = frozenset({_DEFAULT_TIER.stock, _DEFAULT_TIER.state})
+_STOCK, _STATE = "__stock", "__state"
+
+
 def include_object(
     obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
 ) -> bool:
@@ -84,11 +103,13 @@ def include_object(
 
     Pass it to ``context.configure(include_object=include_object)`` in ``env.py`` (or call it
     from your own hook). Only tables that exist in the database but not in the metadata and
-    have a ticket table's name are hidden; everything else is included.
+    have a ticket table's name, or the name of a datacenter tier's table under the default
+    prefix (``tickets_dc__stock``, ``tickets_dc__state``), are hidden; everything else is
+    included.
     """
     if type_ != "table" or not reflected or not isinstance(name, str):
         return True
-    return not is_ticket_table_name(name)
+    return not (is_ticket_table_name(name) or name.lower() in _TIER_NAMES)
 
 
 def ticket_tables(
@@ -214,6 +235,7 @@ def compare_ticket_tables(
 
     for container in _walk(upgrade_ops):
         container.ops = [op for op in container.ops if not unwanted(op)]
+    _compare_tier_tables(upgrade_ops, metadata_tables, in_metadata)
 
     if not wanted:
         return
@@ -230,6 +252,99 @@ def compare_ticket_tables(
             CreateTicketTableOp(table.sequence, bits=table.bits, table_template=template)
         )
         proposed.add(table.name.lower())
+
+
+def _tier_prefix(name: str) -> str | None:
+    """The prefix of a name of the form ``<prefix>__stock`` / ``<prefix>__state``."""
+    for suffix in (_STOCK, _STATE):
+        if name.lower().endswith(suffix) and len(name) > len(suffix):
+            prefix = name[: -len(suffix)]
+            try:
+                tier_tables(prefix)
+            except TicketsError:
+                return None
+            return prefix
+    return None
+
+
+def _tier_columns(prefix: str) -> tuple[set[str], set[str]]:
+    """The column names of a tier's ``(stock, state)`` tables (the same on every backend)."""
+    stock, state = backend_for("sqlite").tier_tables(tier_tables(prefix))
+    return {c.name for c in stock.columns}, {c.name for c in state.columns}
+
+
+def _is_tier_pair(prefix: str, stock: sa.Table, state: sa.Table) -> bool:
+    want_stock, want_state = _tier_columns(prefix)
+    return (
+        {c.name.lower() for c in stock.columns} == want_stock
+        and {c.name.lower() for c in state.columns} == want_state
+    )
+
+
+def _compare_tier_tables(
+    upgrade_ops: ops.UpgradeOps, metadata_tables: list[sa.Table], in_metadata: set[str]
+) -> None:
+    """Two ``CreateTableOp`` of a tier's tables become one ``CreateDatacenterTablesOp``; a
+    ``DropTableOp`` of a tier's table not in the metadata is taken out (module docstring)."""
+    tiers: set[str] = set()  # prefixes (lower case) of the tiers declared in the metadata
+    by_name = {t.name.lower(): t for t in metadata_tables if t.schema is None}
+    for name in by_name:
+        prefix = _tier_prefix(name)
+        if prefix is None or not name.endswith(_STOCK):
+            continue
+        state = by_name.get(prefix.lower() + _STATE)
+        if state is not None and _is_tier_pair(prefix, by_name[name], state):
+            tiers.add(prefix.lower())
+
+    # Tables to drop, by name: a tier's pair is recognised by both names and their columns.
+    dropped = {
+        op.table_name.lower(): op
+        for op in upgrade_ops.ops
+        if isinstance(op, ops.DropTableOp) and op.schema is None
+        and op.table_name.lower() not in in_metadata
+    }
+    kept_tiers: set[str] = set()
+    for name, drop in dropped.items():
+        prefix = _tier_prefix(name)
+        if prefix is None or not name.endswith(_STOCK):
+            continue
+        state_drop = dropped.get(prefix.lower() + _STATE)
+        if state_drop is not None and _is_tier_pair(
+            prefix, drop.to_table(), state_drop.to_table()
+        ):
+            kept_tiers.add(prefix.lower())
+
+    rewritten: list[ops.MigrateOperation] = []
+    created: set[str] = set()
+    for op in upgrade_ops.ops:
+        if isinstance(op, ops.ModifyTableOps) and op.schema is None:
+            prefix = _tier_prefix(op.table_name)
+            if prefix is not None and prefix.lower() in tiers:
+                # PostgreSQL keeps a table's comment apart from its CREATE TABLE, which the
+                # tier's DDL does not set there: a comment is no reason for a migration.
+                op.ops = [
+                    o for o in op.ops
+                    if not isinstance(o, (ops.CreateTableCommentOp, ops.DropTableCommentOp))
+                ]
+                if not op.ops:
+                    continue
+        if isinstance(op, (ops.CreateTableOp, ops.DropTableOp)) and op.schema is None:
+            prefix = _tier_prefix(op.table_name)
+            key = prefix.lower() if prefix is not None else None
+            if isinstance(op, ops.CreateTableOp) and key in tiers:
+                assert prefix is not None and key is not None
+                if key not in created:
+                    # The metadata's spelling of the prefix, from the stock table's name.
+                    stock = by_name[key + _STOCK].name
+                    rewritten.append(
+                        CreateDatacenterTablesOp(table_prefix=stock[: -len(_STOCK)])
+                    )
+                    created.add(key)
+                continue
+            if isinstance(op, ops.DropTableOp) and key in kept_tiers:
+                continue
+        rewritten.append(op)
+    upgrade_ops.ops = rewritten
 
 
 def _register() -> None:

@@ -25,17 +25,22 @@ from alembic.operations import MigrateOperation, Operations
 
 from .._naming import (
     DEFAULT_TABLE_TEMPLATE,
+    DEFAULT_TIER_PREFIX,
     TicketTable,
+    TierTables,
     check_stride,
     check_table_template,
     ticket_table,
+    tier_tables,
 )
 from ..dialects.base import TableSpec
 from ..errors import TicketsError
 
 __all__ = [
+    "CreateDatacenterTablesOp",
     "CreateTicketTableOp",
     "CreateWorkerLeaseTableOp",
+    "DropDatacenterTablesOp",
     "DropWorkerLeaseTableOp",
     "DropTicketTableOp",
     "RestrideTicketTableOp",
@@ -344,3 +349,62 @@ class DropWorkerLeaseTableOp(_LeaseTableOp):
 
     def reverse(self) -> CreateWorkerLeaseTableOp:
         return CreateWorkerLeaseTableOp(name=self.name)
+
+
+class _DatacenterTablesOp(MigrateOperation):
+    """What both datacenter-tier operations share: the tier's (validated) table prefix."""
+
+    def __init__(self, *, table_prefix: str = DEFAULT_TIER_PREFIX) -> None:
+        # Validates the prefix (TicketsError before any SQL) and names both tables.
+        self.names: TierTables = tier_tables(table_prefix)
+        self.table_prefix = table_prefix
+
+    def render_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments that differ from the defaults (what autogenerate writes)."""
+        if self.table_prefix == DEFAULT_TIER_PREFIX:
+            return {}
+        return {"table_prefix": self.table_prefix}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.names.stock}, {self.names.state}>"
+
+
+@Operations.register_operation("create_datacenter_tables")
+class CreateDatacenterTablesOp(_DatacenterTablesOp):
+    """Create a datacenter tier's two tables, ``<prefix>__stock`` and ``<prefix>__state`` (if
+    they do not exist): the DDL that
+    :func:`~sqlalchemy_tickets.sources.datacenter.create_datacenter_tables` runs."""
+
+    @classmethod
+    def create_datacenter_tables(
+        cls, operations: Operations, *, table_prefix: str = DEFAULT_TIER_PREFIX
+    ) -> None:
+        """Create the tables of the datacenter tier whose tables start with ``table_prefix``
+        (``DatacenterTier(..., table_prefix=...)``; default ``tickets_dc``)."""
+        operations.invoke(cls(table_prefix=table_prefix))
+
+    def reverse(self) -> DropDatacenterTablesOp:
+        return DropDatacenterTablesOp(table_prefix=self.table_prefix)
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        return ("add_datacenter_tables", self.names.stock, self.names.state)
+
+
+@Operations.register_operation("drop_datacenter_tables")
+class DropDatacenterTablesOp(_DatacenterTablesOp):
+    """Drop a datacenter tier's two tables (if they exist). The ids in stock are gone with
+    them — burned, never issued twice — and every process using the tier fails until the
+    tables are back."""
+
+    @classmethod
+    def drop_datacenter_tables(
+        cls, operations: Operations, *, table_prefix: str = DEFAULT_TIER_PREFIX
+    ) -> None:
+        """Drop the tables of the datacenter tier whose tables start with ``table_prefix``."""
+        operations.invoke(cls(table_prefix=table_prefix))
+
+    def reverse(self) -> CreateDatacenterTablesOp:
+        return CreateDatacenterTablesOp(table_prefix=self.table_prefix)
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        return ("remove_datacenter_tables", self.names.stock, self.names.state)

@@ -1,8 +1,9 @@
 """How autogenerate writes the ticket-table operations into a migration script.
 
 ``op.create_ticket_table('photos')``, ``op.create_ticket_table(bits=32)``,
-``op.drop_ticket_table('photos')`` — arguments at their defaults are left out. The script also
-gets ``import sqlalchemy_tickets.alembic``, which registers the operations when it runs.
+``op.drop_ticket_table('photos')``, ``op.create_datacenter_tables()`` — arguments at their
+defaults are left out. The script also gets ``import sqlalchemy_tickets.alembic``, which
+registers the operations when it runs.
 """
 
 from __future__ import annotations
@@ -12,13 +13,22 @@ from typing import Any
 from alembic.autogenerate import renderers
 from alembic.autogenerate.api import AutogenContext
 
-from .ops import CreateTicketTableOp, DropTicketTableOp
+from .ops import (
+    CreateDatacenterTablesOp,
+    CreateTicketTableOp,
+    DropDatacenterTablesOp,
+    DropTicketTableOp,
+)
 
-IMPORT_LINE = "import sqlalchemy_tickets.alembic  # noqa: F401 (registers op.*_ticket_table)"
+#: One line for every operation of the library, so a script with several gets it once.
+IMPORT_LINE = "import sqlalchemy_tickets.alembic  # noqa: F401 (registers its op.* operations)"
 
 
 def _call(
-    autogen_context: AutogenContext, name: str, sequence: str | None, kwargs: dict[str, Any]
+    autogen_context: AutogenContext,
+    name: str,
+    sequence: str | None,
+    kwargs: dict[str, Any],
 ) -> str:
     imports = getattr(autogen_context, "imports", None)
     if imports is not None:
@@ -36,3 +46,17 @@ def render_create_ticket_table(autogen_context: AutogenContext, op: CreateTicket
 @renderers.dispatch_for(DropTicketTableOp)
 def render_drop_ticket_table(autogen_context: AutogenContext, op: DropTicketTableOp) -> str:
     return _call(autogen_context, "drop_ticket_table", op.sequence, op.render_kwargs())
+
+
+@renderers.dispatch_for(CreateDatacenterTablesOp)
+def render_create_datacenter_tables(
+    autogen_context: AutogenContext, op: CreateDatacenterTablesOp
+) -> str:
+    return _call(autogen_context, "create_datacenter_tables", None, op.render_kwargs())
+
+
+@renderers.dispatch_for(DropDatacenterTablesOp)
+def render_drop_datacenter_tables(
+    autogen_context: AutogenContext, op: DropDatacenterTablesOp
+) -> str:
+    return _call(autogen_context, "drop_datacenter_tables", None, op.render_kwargs())

@@ -18,10 +18,13 @@ from alembic.operations import Operations
 
 from ..dialects import backend_for
 from ..dialects.base import TableSpec, TicketBackend, last_id_below
+from ..sources.datacenter import datacenter_table_statements, drop_datacenter_table_statements
 from ..sources.lease import drop_lease_table_statements, lease_table_statements
 from .ops import (
+    CreateDatacenterTablesOp,
     CreateTicketTableOp,
     CreateWorkerLeaseTableOp,
+    DropDatacenterTablesOp,
     DropTicketTableOp,
     DropWorkerLeaseTableOp,
     RestrideTicketTableOp,
@@ -132,4 +135,22 @@ def create_worker_lease_table(operations: Operations, operation: CreateWorkerLea
 @Operations.implementation_for(DropWorkerLeaseTableOp)
 def drop_worker_lease_table(operations: Operations, operation: DropWorkerLeaseTableOp) -> None:
     for statement in drop_lease_table_statements(name=operation.name):
+        _emit(operations, statement)
+
+
+@Operations.implementation_for(CreateDatacenterTablesOp)
+def create_datacenter_tables(operations: Operations, operation: CreateDatacenterTablesOp) -> None:
+    dialect = operations.get_context().dialect.name
+    for statement in datacenter_table_statements(
+        dialect=dialect, table_prefix=operation.table_prefix
+    ):
+        _emit(operations, statement)
+
+
+@Operations.implementation_for(DropDatacenterTablesOp)
+def drop_datacenter_tables(operations: Operations, operation: DropDatacenterTablesOp) -> None:
+    dialect = operations.get_context().dialect.name
+    for statement in drop_datacenter_table_statements(
+        dialect=dialect, table_prefix=operation.table_prefix
+    ):
         _emit(operations, statement)
