@@ -19,9 +19,17 @@ from alembic.config import main as alembic_main
 from alembic.migration import MigrationContext
 from alembic.operations import Operations, ops
 
-from sqlalchemy_tickets import StrideMismatchError, TicketId, TicketServer, TicketServers
+from sqlalchemy_tickets import (
+    DatacenterTier,
+    StrideMismatchError,
+    TicketId,
+    TicketServer,
+    TicketServers,
+)
 from sqlalchemy_tickets.alembic import CreateTicketTableOp, DropTicketTableOp, include_object
 from sqlalchemy_tickets.errors import TicketsError
+from sqlalchemy_tickets.sources.datacenter import describe_datacenter
+from support.alembic_tier import run_alembic, tier_project
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "migrations_examples"
 BACKENDS = ["sqlite", "postgresql", "mysql"]
@@ -721,3 +729,94 @@ def test_flickr_pair_example_refuses_a_server_that_is_not_in_a_pair(
     with pytest.raises(CommandError, match="auto_increment_increment=1"):
         alembic("mysql-flickr-two-servers", "upgrade", "head", url=url)
     assert table_names(url) & TICKET_TABLES == set()
+
+
+# -- datacenter tiers -----------------------------------------------------------------------------
+
+
+def _tier_works(url: str, prefix: str, tmp_path: Path, *, create: bool = False) -> None:
+    """A DatacenterTier that may not create anything (unless ``create``) issues ids from the
+    tables as made."""
+    upstream = TicketServer(f"sqlite:///{tmp_path / (prefix + '_upstream.db')}")
+    tier = DatacenterTier(url, upstream, table_prefix=prefix, create_missing=create,
+                          min_block=10, timeout=10.0)
+    try:
+        assert tier.next_block("photos", 3) == range(1, 4)
+    finally:
+        tier.close()
+        upstream.close()
+    (status,) = describe_datacenter(url, table_prefix=prefix)
+    assert (status.sequence, status.issued) == ("photos", 3)
+
+
+def test_datacenter_tables_online_upgrade_downgrade(url: str, tmp_path: Path) -> None:
+    project = tier_project(tmp_path, "tickets_eu")
+    result = run_alembic(project, "upgrade", "head", url=url)
+    assert result.returncode == 0, result.stderr
+    assert {"tickets_eu__stock", "tickets_eu__state"} <= table_names(url)
+    _tier_works(url, "tickets_eu", tmp_path)
+
+    result = run_alembic(project, "downgrade", "base", url=url)
+    assert result.returncode == 0, result.stderr
+    assert table_names(url) & {"tickets_eu__stock", "tickets_eu__state"} == set()
+
+
+def test_datacenter_tables_offline_script_runs(url: str, tmp_path: Path) -> None:
+    """The ``--sql`` script, run statement by statement by hand, makes tables the tier uses."""
+    project = tier_project(tmp_path)
+    result = run_alembic(project, "upgrade", "head", "--sql", url=url)
+    assert result.returncode == 0, result.stderr
+    _run_script(url, result.stdout)
+    _tier_works(url, "tickets_dc", tmp_path)
+
+
+def test_create_datacenter_tables_is_idempotent_beside_a_running_tier(
+    url: str, tmp_path: Path
+) -> None:
+    _tier_works(url, "tickets_dc", tmp_path, create=True)  # tables made on first use
+    with operations(url) as op:
+        op.create_datacenter_tables()  # type: ignore[attr-defined]
+    (status,) = describe_datacenter(url)
+    assert status.issued == 3 and status.stock > 0  # nothing lost
+
+
+def test_autogenerate_proposes_the_tier_tables_once(url: str, tmp_path: Path) -> None:
+    project = tier_project(tmp_path, None)
+    result = run_alembic(project, "revision", "--autogenerate", "-m", "tier", url=url,
+                         tier="tickets_eu")
+    assert result.returncode == 0, result.stderr
+    (script,) = (project / "versions").glob("*.py")
+    text = script.read_text()
+    upgrade, downgrade = text.split("def upgrade")[1].split("def downgrade")
+    assert "op.create_datacenter_tables(table_prefix='tickets_eu')" in upgrade
+    assert "op.create_table" not in upgrade  # one operation, not the two tables
+    assert "op.drop_datacenter_tables(table_prefix='tickets_eu')" in downgrade
+    assert "import sqlalchemy_tickets.alembic" in text
+
+    result = run_alembic(project, "upgrade", "head", url=url)
+    assert result.returncode == 0, result.stderr
+    _tier_works(url, "tickets_eu", tmp_path)
+
+    # Up to date (PostgreSQL's missing table comments included): nothing more to do.
+    result = run_alembic(project, "revision", "--autogenerate", "-m", "again", url=url,
+                         tier="tickets_eu")
+    assert result.returncode == 0, result.stderr
+    (second,) = [p for p in (project / "versions").glob("*.py") if p != script]
+    again = second.read_text().split("def upgrade")[1].split("def downgrade")[0]
+    assert "op." not in again, again
+
+
+def test_autogenerate_never_drops_a_tier_missing_from_the_metadata(
+    url: str, tmp_path: Path
+) -> None:
+    """Tables a running tier made (default and other prefixes) with an empty metadata."""
+    _tier_works(url, "tickets_dc", tmp_path, create=True)
+    _tier_works(url, "tickets_eu", tmp_path, create=True)
+    with operations(url) as op:
+        op.create_table("orders__stock", sa.Column("id", sa.Integer, primary_key=True))
+    metadata = sa.MetaData()
+    script, diffs = _autogenerate(url, metadata)
+    code = render_python_code(script.upgrade_ops)
+    assert "tickets_dc__" not in code and "tickets_eu__" not in code
+    # A table that only looks like one by its name is the user's: dropped as Alembic would.
+    assert "op.drop_table('orders__stock')" in code

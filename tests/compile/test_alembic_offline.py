@@ -14,14 +14,22 @@ import pytest
 from alembic.autogenerate import render_python_code
 from alembic.migration import MigrationContext
 from alembic.operations import Operations, ops
+from sqlalchemy.engine import make_url
 
 from sqlalchemy_tickets.alembic import (
+    CreateDatacenterTablesOp,
     CreateTicketTableOp,
+    DropDatacenterTablesOp,
     DropTicketTableOp,
     include_object,
     is_ticket_table_name,
 )
 from sqlalchemy_tickets.errors import TicketsError
+from sqlalchemy_tickets.sources.datacenter import (
+    datacenter_table_statements,
+    drop_datacenter_table_statements,
+)
+from support.alembic_tier import run_alembic, tier_project
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "migrations_examples"
 
@@ -308,3 +316,97 @@ def test_ticket_table_names(name: str, expected: bool) -> None:
     assert include_object(None, name, "table", True, None) is (not expected)
     assert include_object(None, name, "table", False, object()) is True
     assert include_object(None, "id", "column", True, None) is True
+
+
+# -- datacenter tiers ---------------------------------------------------------------------------
+
+TIER_DIALECTS = ["sqlite", "postgresql", "mysql", "mariadb"]
+
+
+def _tier_ddl(dialect: str, prefix: str, *, drop: bool = False) -> list[str]:
+    """The tier's own DDL compiled for ``dialect``: what the operations must write."""
+    name = "mysql" if dialect == "mariadb" else dialect
+    make = drop_datacenter_table_statements if drop else datacenter_table_statements
+    compiled_dialect = make_url(OFFLINE_URLS[dialect]).get_dialect()()
+    return [
+        # Alembic writes a tab as four spaces.
+        str(statement.compile(dialect=compiled_dialect)).replace("\t", "    ").strip()  # type: ignore[attr-defined]
+        for statement in make(dialect=name, table_prefix=prefix)
+    ]
+
+
+@pytest.mark.parametrize("dialect", TIER_DIALECTS)
+def test_datacenter_tables_in_a_sql_script(dialect: str, tmp_path: Path) -> None:
+    """``alembic upgrade head --sql`` / ``downgrade --sql`` of a project whose revision calls
+    ``op.create_datacenter_tables`` write the tier's DDL for the script's dialect."""
+    project = tier_project(tmp_path, "tickets_eu")
+    up = run_alembic(project, "upgrade", "head", "--sql", url=OFFLINE_URLS[dialect])
+    assert up.returncode == 0, up.stderr
+    stock, state = _tier_ddl(dialect, "tickets_eu")
+    assert stock.startswith("CREATE TABLE IF NOT EXISTS tickets_eu__stock (")
+    assert state.startswith("CREATE TABLE IF NOT EXISTS tickets_eu__state (")
+    assert f"{stock};" in up.stdout and f"{state};" in up.stdout
+    assert up.stdout.index("tickets_eu__stock") < up.stdout.index("tickets_eu__state")
+    if dialect in ("mysql", "mariadb"):
+        assert "ENGINE=InnoDB" in stock  # row locks: a take and its state row move together
+    down = run_alembic(project, "downgrade", "0001:base", "--sql", url=OFFLINE_URLS[dialect])
+    assert down.returncode == 0, down.stderr
+    drops = _tier_ddl(dialect, "tickets_eu", drop=True)
+    assert drops == [
+        "DROP TABLE IF EXISTS tickets_eu__state",
+        "DROP TABLE IF EXISTS tickets_eu__stock",
+    ]
+    assert all(f"{d};" in down.stdout for d in drops)
+    assert "CREATE TABLE" not in down.stdout
+
+
+def test_datacenter_tables_in_process_offline() -> None:
+    for dialect, engine in (("sqlite", ""), ("postgresql", ""), ("mysql", "ENGINE=InnoDB")):
+        op, buffer = _ops(dialect)
+        op.create_datacenter_tables()  # type: ignore[attr-defined]
+        op.drop_datacenter_tables()  # type: ignore[attr-defined]
+        sql = buffer.getvalue()
+        assert "CREATE TABLE IF NOT EXISTS tickets_dc__stock (" in sql
+        assert "CREATE TABLE IF NOT EXISTS tickets_dc__state (" in sql
+        assert sql.index("DROP TABLE IF EXISTS tickets_dc__state;") < sql.index(
+            "DROP TABLE IF EXISTS tickets_dc__stock;"
+        )
+        assert engine in sql
+
+
+@pytest.mark.parametrize(
+    "prefix", ["bad-name", "", "1dc", "tickets__photos", "x" * 80, "a b", "dc; DROP TABLE x"]
+)
+def test_bad_tier_prefix_raises_before_any_sql(prefix: str) -> None:
+    op, buffer = _ops("postgresql")
+    with pytest.raises(TicketsError):
+        op.create_datacenter_tables(table_prefix=prefix)  # type: ignore[attr-defined]
+    with pytest.raises(TicketsError):
+        op.drop_datacenter_tables(table_prefix=prefix)  # type: ignore[attr-defined]
+    assert buffer.getvalue() == ""
+
+
+def test_datacenter_tables_reverse_and_render() -> None:
+    create = CreateDatacenterTablesOp(table_prefix="tickets_eu")
+    drop = create.reverse()
+    assert isinstance(drop, DropDatacenterTablesOp)
+    assert (drop.names.stock, drop.names.state) == ("tickets_eu__stock", "tickets_eu__state")
+    assert isinstance(drop.reverse(), CreateDatacenterTablesOp)
+    assert drop.reverse().table_prefix == "tickets_eu"
+    code = render_python_code(
+        ops.UpgradeOps(ops=[CreateDatacenterTablesOp(), create, DropDatacenterTablesOp(), drop])
+    )
+    lines = [line.strip() for line in code.splitlines() if line.strip().startswith("op.")]
+    assert lines == [
+        "op.create_datacenter_tables()",
+        "op.create_datacenter_tables(table_prefix='tickets_eu')",
+        "op.drop_datacenter_tables()",
+        "op.drop_datacenter_tables(table_prefix='tickets_eu')",
+    ]
+
+
+def test_include_object_hides_the_default_tier_tables() -> None:
+    for name in ("tickets_dc__stock", "tickets_dc__state"):
+        assert include_object(None, name, "table", True, None) is False
+        assert include_object(None, name, "table", False, object()) is True
+    assert include_object(None, "orders__state", "table", True, None) is True

@@ -25,9 +25,10 @@ would issue the same ids twice. :func:`include_object` does the same at the sour
 who prefer it (or who run a version of Alembic where the comparator below is not reached).
 
 Datacenter tiers: when ``target_metadata`` holds a tier's two tables
-(:func:`~sqlalchemy_tickets.sources.datacenter.datacenter_tables`) and the database lacks them,
-the two ``op.create_table`` Alembic would write become one ``op.create_datacenter_tables(...)``
-— the same DDL, and a downgrade of ``op.drop_datacenter_tables(...)``. A tier's tables that are in the
+(:func:`~sqlalchemy_tickets.sources.datacenter.datacenter_tables`) and the database lacks
+them, the two ``op.create_table`` Alembic would write become one
+``op.create_datacenter_tables(...)`` — the same DDL, and a downgrade of
+``op.drop_datacenter_tables(...)``. A tier's tables that are in the
 database but not in the metadata (``DatacenterTier`` creates them on first use) are never
 proposed for dropping: the ids in stock would be burned and every process of the datacenter
 would fail until they are back.
