@@ -27,10 +27,12 @@ logger = logging.getLogger("sqlalchemy_tickets")
 
 __all__ = [
     "SequenceStatus",
+    "ServerHealth",
     "WARN_SHARE",
     "restride",
     "sequence_status",
     "sequences",
+    "server_health",
     "sync_sequence",
 ]
 
@@ -135,6 +137,50 @@ def sequence_status(
                 warning=warning,
             )
         )
+    return out
+
+
+@dataclass(frozen=True)
+class ServerHealth:
+    """Whether a ticket server answers, as ``status --upstream`` reports it."""
+
+    server: str
+    up: bool
+    #: Seconds to the first answer, connecting included (``None``: no answer).
+    connect: float | None
+    #: Seconds of one round trip on the open connection (``None``: no answer).
+    latency: float | None
+    #: The ticket tables it holds (sequence names; Flickr's as ``Tickets64``/``Tickets32``).
+    sequences: list[str]
+    error: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def server_health(servers: Sequence[TicketServer]) -> list[ServerHealth]:
+    """Ask each server, on its own bounded connections, which ticket tables it holds: whether
+    it answers within its ``timeout``, how long connecting and a round trip take. Reads only:
+    a database that does not exist is reported down, never created."""
+    out = []
+    for server in servers:
+        shown = server.url.render_as_string()
+        problem = server.backend.missing_database(server.url)
+        if problem is not None:
+            out.append(ServerHealth(shown, False, None, None, [], problem))
+            continue
+        try:
+            started = time.perf_counter()
+            sequences(server)  # connects, then one round trip
+            connect = time.perf_counter() - started
+            started = time.perf_counter()
+            found = sequences(server)  # the same connection, from the server's pool
+            latency = time.perf_counter() - started
+        except (TicketsError, sa.exc.SQLAlchemyError, OSError) as error:
+            out.append(ServerHealth(shown, False, None, None, [], _first(error)))
+            continue
+        names = [t.sequence if t.sequence is not None else t.name for t in found]
+        out.append(ServerHealth(shown, True, connect, latency, names, None))
     return out
 
 

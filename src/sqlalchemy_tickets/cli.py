@@ -12,8 +12,10 @@ written; a bad argument exits 2. Then the command runs; a failure (a server that
 answer, an unknown sequence, a stride that disagrees) prints one line on stderr and exits 1.
 Never a traceback (``-v`` logs it).
 
-Exit codes: 0 done; 1 the operation failed; 2 bad arguments; 3 ``status`` found a sequence
-past 80 % of an id space; 4 ``lookup`` found no row with the id.
+Exit codes: 0 done; 1 the operation failed; 2 bad arguments; 3 ``status`` found something to
+act on (a sequence past 80 % of an id space, an ``--upstream`` that does not answer, a datacenter
+tier whose upstream is exhausted or whose runway is under ``--min-runway``); 4 ``lookup`` found
+no row with the id.
 
 ``lookup --url URL --models MODULE ID`` is the one command about the application's own rows:
 ``--url`` is the application's database, not a ticket server.
@@ -40,18 +42,21 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from . import __version__
-from ._naming import check_stride, normalize_sequence
+from ._naming import DEFAULT_TIER_PREFIX, check_stride, normalize_sequence, tier_tables
 from .admin import (
     SequenceStatus,
+    ServerHealth,
     check_identifier,
     restride,
     sequence_status,
     sequences,
+    server_health,
     sync_sequence,
     table_max,
 )
 from .dialects import backend_for
 from .errors import TicketsError, UnknownSequenceError
+from .sources.datacenter import TierStatus, create_datacenter_tables, describe_datacenter
 from .sources.lease import create_lease_table
 from .sources.server import TicketServer
 from .sources.servers import TicketServers
@@ -178,7 +183,7 @@ def parser() -> argparse.ArgumentParser:
         prog="sqlalchemy-tickets",
         description="Globally unique, compact, time-ordered primary keys for SQLAlchemy.",
         epilog="Exit codes: 0 done, 1 failed, 2 bad arguments, 3 status warns (id space 80% "
-        "used), 4 lookup found no such row.",
+        "used, an upstream down, a tier's runway short), 4 lookup found no such row.",
     )
     top.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     top.add_argument("-v", "--verbose", action="count", default=0,
@@ -234,6 +239,22 @@ def _sequence(text: str) -> str:
     except TicketsError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return text
+
+
+def _tier_prefix(text: str) -> str:
+    """An argparse type: a datacenter tier's table prefix (``<prefix>__stock``, ``__state``)."""
+    try:
+        tier_tables(text)
+    except TicketsError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _tier_prefix_argument(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--tier-prefix", type=_tier_prefix, default=DEFAULT_TIER_PREFIX,
+                     metavar="PREFIX",
+                     help="the datacenter tier's tables are PREFIX__stock and PREFIX__state "
+                     f"(default {DEFAULT_TIER_PREFIX}, as DatacenterTier's table_prefix)")
 
 
 def _identifier(kind: str) -> Callable[[str], str]:
@@ -360,6 +381,10 @@ def _init_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--worker-leases", action="store_true",
                      help="also create the table SnowflakeId leases worker ids from (alone: "
                      "only that table)")
+    sub.add_argument("--datacenter-tier", action="store_true",
+                     help="also create a DatacenterTier's tables (alone: only those), on a "
+                     "datacenter's database")
+    _tier_prefix_argument(sub)
 
 
 def _init_check(args: argparse.Namespace) -> None:
@@ -391,13 +416,19 @@ def _init_check(args: argparse.Namespace) -> None:
          "offset i)", _init_arguments, check=_init_check, servers={})
 def _init(args: argparse.Namespace) -> int:
     servers: list[TicketServer] = args.servers
-    names: list[str | None] = list(args.sequences) or ([] if args.worker_leases else [None])
+    alone = args.worker_leases or args.datacenter_tier  # no sequence named: only those tables
+    names: list[str | None] = list(args.sequences) or ([] if alone else [None])
     if args.stride_asked:
         _refuse_other_strides(servers, names, args.strides, args.bits)
     for server, (increment, offset) in zip(servers, args.strides, strict=True):
         if args.worker_leases:
             create_lease_table(server.engine)
             print(f"worker leases: ready on {_shown(server.url)}")
+        if args.datacenter_tier:
+            tier = tier_tables(args.tier_prefix)
+            create_datacenter_tables(server.url, table_prefix=args.tier_prefix,
+                                     timeout=server.timeout)
+            print(f"datacenter tier: {tier.stock}, {tier.state} ready on {_shown(server.url)}")
         for name in names:
             if args.stride_asked:
                 server.create(name, bits=args.bits, start=args.start,
@@ -495,6 +526,14 @@ def _status_arguments(sub: argparse.ArgumentParser) -> None:
                      metavar="SECONDS",
                      help="measure the burn rate over this many seconds (at most 3600), and "
                      "forecast when each id space runs out")
+    _tier_prefix_argument(sub)
+    sub.add_argument("--upstream", action="append", type=_url, default=[], metavar="URL",
+                     help="a server the datacenter tier refills from (repeat for each): "
+                     "report whether it answers, and its latency (exit 3 if it does not)")
+    sub.add_argument("--min-runway", type=_float_between(0.0, 10 * 365 * 86400.0), default=0.0,
+                     metavar="SECONDS",
+                     help="warn (exit 3) when a datacenter tier's stock lasts less than this "
+                     "at its current rate (default 0: never)")
 
 
 def _float_between(low: float, high: float) -> Callable[[str], float]:
@@ -511,33 +550,173 @@ def _float_between(low: float, high: float) -> Callable[[str], float]:
     return parse
 
 
-@command("status", "every sequence on every server: last id, share of its id space used",
+@command("status", "every sequence on every server: last id, share of its id space used; "
+         "each datacenter tier's stock, rate and runway; the upstream's health",
          _status_arguments, servers={"create_missing": False}, existing=True)
 def _status(args: argparse.Namespace) -> int:
     servers: list[TicketServer] = args.servers
-    empty = [server for server in servers if not sequences(server)]
+    tables = {id(server): bool(sequences(server)) for server in servers}
+    tiers = [(server, _tier_status(server, args.tier_prefix)) for server in servers]
+    found = [t for t in tiers if t[1] is not None]
+    empty = [s for s in servers if not tables[id(s)] and all(s is not t[0] for t in found)]
     if len(empty) == len(servers):
         where = ", ".join(_shown(server.url) for server in servers)
-        raise TicketsError(f"no ticket tables on {where}: create them with "
-                           "`sqlalchemy-tickets init --url URL [SEQUENCE ...]`")
-    rows = sequence_status(servers, sample=args.sample)
+        names = tier_tables(args.tier_prefix)
+        raise TicketsError(f"no ticket tables and no datacenter tier ({names.stock}, "
+                           f"{names.state}) on {where}: create them with `sqlalchemy-tickets "
+                           "init --url URL [SEQUENCE ...]` (a tier: `init --url URL "
+                           "--datacenter-tier`)")
+    with_tables = [server for server in servers if tables[id(server)]]
+    rows = sequence_status(with_tables, sample=args.sample) if with_tables else []
+    tier_rows = [(server, status) for server, statuses in found for status in statuses or []]
+    upstreams = _upstream_health(args.upstream)
     if args.json:
-        print(json.dumps([row.as_dict() for row in rows], indent=2))
+        document: list[dict[str, Any]] = [{"kind": "sequence", **row.as_dict()} for row in rows]
+        document += [
+            {"kind": "tier", "database": _shown(server.url), "table_prefix": args.tier_prefix,
+             **status.as_dict()}
+            for server, status in tier_rows
+        ]
+        document += [{"kind": "upstream", **health.as_dict()} for health in upstreams]
+        print(json.dumps(document, indent=2))
     else:
-        print(_table(rows, sampled=args.sample > 0))
+        parts = []
+        if rows:
+            parts.append(_table(rows, sampled=args.sample > 0))
+        if found:
+            parts.append(_tier_table(tier_rows) if tier_rows else
+                         "datacenter tier: no sequence has drawn from it yet")
+        if upstreams:
+            parts.append(_upstream_table(upstreams))
+        print("\n\n".join(parts))
     for server in empty:
-        print(f"note: no ticket tables on {_shown(server.url)}", file=sys.stderr)
-    warned = [row for row in rows if row.warning]
-    for row in warned:
-        print(f"warning: {row.sequence} on {row.server}: {row.warning}", file=sys.stderr)
-    return 3 if warned else 0
+        print(f"note: no ticket tables or datacenter tier on {_shown(server.url)}",
+              file=sys.stderr)
+    warnings = [f"{row.sequence} on {row.server}: {row.warning}" for row in rows if row.warning]
+    warnings += [
+        f"{_tier_label(status)} in the datacenter tier on {_shown(server.url)}: {problem}"
+        for server, status in tier_rows
+        if (problem := _tier_problem(status, args.min_runway)) is not None
+    ]
+    warnings += [
+        f"upstream {health.server} does not answer: {health.error}"
+        for health in upstreams if not health.up
+    ]
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return 3 if warnings else 0
+
+
+def _tier_status(server: TicketServer, prefix: str) -> list[TierStatus] | None:
+    """The datacenter tier in ``server``'s database (``None``: its tables are not there)."""
+    try:
+        return describe_datacenter(server.url, table_prefix=prefix, timeout=server.timeout)
+    except UnknownSequenceError:
+        return None
+
+
+def _upstream_health(urls: Sequence[URL]) -> list[ServerHealth]:
+    """Each ``--upstream`` server asked, on a :class:`TicketServer` that creates nothing."""
+    if not urls:
+        return []
+    upstream = _build_servers(urls, {"create_missing": False})
+    try:
+        return server_health(upstream)
+    finally:
+        for server in upstream:
+            server.close()
+
+
+def _tier_label(status: TierStatus) -> str:
+    return f"{status.sequence or 'Tickets'}/{status.bits}"
+
+
+def _tier_problem(status: TierStatus, min_runway: float) -> str | None:
+    """Why a tier's sequence needs attention (``None``: it does not)."""
+    if status.exhausted:
+        return "upstream has no ids left for it (move to a 64-bit or a new sequence)"
+    if min_runway > 0 and status.runway is not None and status.runway < min_runway:
+        return (f"runway {_duration(status.runway)} ({status.stock:,} ids at "
+                f"{status.rate:,.1f} ids/s) is under --min-runway {_duration(min_runway)}")
+    return None
+
+
+def _duration(seconds: float | None) -> str:
+    """``42 s``, ``15 min``, ``2.5 h``, ``3.0 d`` (``-``: unknown)."""
+    if seconds is None:
+        return "-"
+    if seconds < 0:
+        return f"{seconds:.0f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def _columns(header: list[str], lines: list[list[str]]) -> str:
+    """``header`` and ``lines`` as aligned columns, with a rule under the header."""
+    table = [header, *lines]
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    rendered = [
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) for line in table
+    ]
+    rendered.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(r.rstrip() for r in rendered)
+
+
+def _clip(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters (the whole of it goes to stderr's warning)."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _tier_table(rows: Sequence[tuple[TicketServer, TierStatus]]) -> str:
+    header = ["datacenter tier", "sequence", "stock", "given back", "ids/s", "runway",
+              "refill claim", "last refill", "issued"]
+    lines = []
+    for server, s in rows:
+        if s.claim_owner is None:
+            claim = "-"
+        elif s.claim_expires_in is not None and s.claim_expires_in < 0:
+            claim = f"{s.claim_owner} (void)"
+        else:
+            claim = f"{s.claim_owner} ({_duration(s.claim_expires_in)} left)"
+        lines.append([
+            _shown(server.url),
+            _tier_label(s) + (" (exhausted)" if s.exhausted else ""),
+            f"{s.stock:,}",
+            f"{s.given_back_in_stock:,}",
+            f"{s.rate:,.1f}",
+            _duration(s.runway),
+            claim,
+            "never" if s.last_refill_age is None else f"{_duration(s.last_refill_age)} ago",
+            f"{s.issued:,}",
+        ])
+    return _columns(header, lines)
+
+
+def _upstream_table(rows: Sequence[ServerHealth]) -> str:
+    header = ["upstream", "state", "latency", "connect", "sequences"]
+    lines = [
+        [
+            h.server,
+            "up" if h.up else "DOWN",
+            "-" if h.latency is None else f"{h.latency * 1000:.1f} ms",
+            "-" if h.connect is None else f"{h.connect * 1000:.1f} ms",
+            ", ".join(h.sequences) if h.up else _clip(h.error or "", 60),
+        ]
+        for h in rows
+    ]
+    return _columns(header, lines)
 
 
 def _table(rows: Sequence[SequenceStatus], *, sampled: bool) -> str:
     header = ["server", "sequence", "last id", "inc", "off", "32-bit used", "64-bit used"]
     if sampled:
         header += ["ids/s", "32-bit ends", "64-bit ends"]
-    lines = [header]
+    lines: list[list[str]] = []
     for row in rows:
         line = [
             row.server,
@@ -555,12 +734,7 @@ def _table(rows: Sequence[SequenceStatus], *, sampled: bool) -> str:
                 row.exhausted_64_at or "-",
             ]
         lines.append(line)
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    rendered = [
-        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) for line in lines
-    ]
-    rendered.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(r.rstrip() for r in rendered)
+    return _columns(header, lines)
 
 
 # -- sync ---------------------------------------------------------------------------------------

@@ -5,15 +5,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
-from sqlalchemy_tickets import TicketServer, TicketServers
-from sqlalchemy_tickets.cli import BLOCK, MAX_COUNT
+from sqlalchemy_tickets import DatacenterTier, TicketServer, TicketServers
+from sqlalchemy_tickets.cli import BLOCK, MAX_COUNT, _duration
+from sqlalchemy_tickets.sources.datacenter import TierStatus, describe_datacenter
 from support.cli import ENV, SCRIPT, run
+from support.proxy import TcpProxy
 
 
 def error_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -362,6 +366,19 @@ def _bad_argument_cases(db: str) -> list[tuple[str, ...]]:
         ("status", *url, "--sample", "86400"),
         ("status", "--url", "::"),
         ("status",),
+        ("status", *url, "--upstream", "not a url"),
+        ("status", *url, "--upstream", "nosuch://host/db"),
+        ("status", *url, "--upstream"),
+        ("status", *url, "--min-runway", "-1"),
+        ("status", *url, "--min-runway", "long"),
+        ("status", *url, "--tier-prefix", "bad-name"),
+        ("status", *url, "--tier-prefix", "tickets__photos"),
+        # init of a datacenter tier
+        ("init", *url, "--datacenter-tier", "--tier-prefix", "bad-name"),
+        ("init", *url, "--datacenter-tier", "--tier-prefix", "x" * 80),
+        ("init", *url, "--datacenter-tier", "--tier-prefix", "dc; drop table y"),
+        ("init", *url, "--datacenter-tier", "--tier-prefix"),
+        ("init", "--datacenter-tier"),
         # sync
         ("sync", *url, "--from", db, "--table", "photos"),
         ("sync", *url, "--from", db, "--table", "photos", "photos", "--flickr"),
@@ -429,3 +446,170 @@ def test_url_and_config_together_is_a_bad_argument(
     (tmp_path / "t.ini").write_text(f"[tickets]\nurls = {url}\n")
     result = run("status", "--url", url, "--config", str(tmp_path / "t.ini"))
     assert result.returncode == 2 and "not both" in error_line(result)
+
+
+# -- datacenter tiers ----------------------------------------------------------------------------
+
+
+def table_names(url: str) -> set[str]:
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return set(sa.inspect(conn).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_init_creates_a_datacenter_tier(make_database, backend: str) -> None:
+    url = make_database(backend)
+    result = run("init", "--url", url, "--datacenter-tier")
+    assert result.returncode == 0, result.stderr
+    assert "tickets_dc__stock, tickets_dc__state ready" in result.stdout
+    assert table_names(url) == {"tickets_dc__stock", "tickets_dc__state"}  # nothing else
+    again = run("init", "--url", url, "--datacenter-tier", "--tier-prefix", "tickets_eu",
+                "photos")
+    assert again.returncode == 0, again.stderr
+    assert table_names(url) == {
+        "tickets_dc__stock", "tickets_dc__state", "tickets_eu__stock", "tickets_eu__state",
+        "tickets__photos",
+    }
+    # The tables are the tier's: one that may not create anything issues ids from them.
+    upstream = TicketServer(make_database(backend))
+    tier = DatacenterTier(url, upstream, table_prefix="tickets_eu", create_missing=False,
+                          min_block=10, timeout=10.0)
+    try:
+        assert tier.next_block("photos", 2) == range(1, 3)
+    finally:
+        tier.close()
+        upstream.close()
+    # Idempotent, beside a tier in use: the stock is untouched.
+    (before,) = describe_datacenter(url, table_prefix="tickets_eu")
+    assert run("init", "--url", url, "--datacenter-tier", "--tier-prefix",
+               "tickets_eu").returncode == 0
+    (after,) = describe_datacenter(url, table_prefix="tickets_eu")
+    assert (after.stock, after.issued) == (before.stock, before.issued)
+
+
+def _busy_tier(url: str, upstream_url: str) -> None:
+    """A tier that issued ids at a measured rate, holds a range given back, and is at rest
+    (closed: no refill runs), with a live refill claim of another process."""
+    upstream = TicketServer(upstream_url)
+    tier = DatacenterTier(url, upstream, min_block=500, timeout=10.0)
+    try:
+        tier.next_block("photos", 20)  # the tier makes its tables
+        deadline = time.monotonic() + 30
+        while describe_datacenter(url)[0].rate == 0:  # the rate is sampled once a second
+            assert time.monotonic() < deadline, "no rate measured"
+            tier.next_block("photos", 20)
+            time.sleep(0.05)
+        given = tier.next_block("photos", 5)
+        assert tier.give_back("photos", given) == 5
+    finally:
+        tier.close()
+        upstream.close()
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE tickets_dc__state SET claim_owner = 'dc-host:4242:ab12', "
+                                 "claim_until = 4102444800000"))  # 2100-01-01
+    finally:
+        engine.dispose()
+
+
+STABLE = ["sequence", "bits", "stock", "given_back_in_stock", "ranges", "issued", "given_back",
+          "refills", "refilled", "rate", "runway", "claim_owner", "exhausted"]
+
+
+def test_status_shows_the_tier_as_describe_datacenter_reads_it(
+    make_database, backend: str
+) -> None:
+    url, upstream = make_database(backend), make_database(backend)
+    _busy_tier(url, upstream)
+    (expected,) = describe_datacenter(url)
+    assert expected.stock > 0 and expected.given_back_in_stock == 5 and expected.rate > 0
+    assert expected.runway == pytest.approx(expected.stock / expected.rate)
+
+    result = run("status", "--url", url, "--json")
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)
+    assert row["kind"] == "tier" and row["table_prefix"] == "tickets_dc"
+    assert url.split("@")[-1].split("///")[-1] in row["database"]
+    assert {k: row[k] for k in STABLE} == {k: getattr(expected, k) for k in STABLE}
+    assert set(row) == {"kind", "database", "table_prefix", *TierStatus.__dataclass_fields__}
+    # Ages and the claim's expiry are read on the database's clock, later.
+    assert expected.last_refill_age <= row["last_refill_age"] < expected.last_refill_age + 60
+    assert 0 < row["claim_expires_in"] <= expected.claim_expires_in
+
+    text = run("status", "--url", url)
+    assert text.returncode == 0, text.stderr
+    (line,) = [line for line in text.stdout.splitlines() if "photos/64" in line]
+    for figure in (f"{expected.stock:,}", f"{expected.rate:,.1f}", _duration(expected.runway),
+                   "dc-host:4242:ab12", f"{expected.issued:,}"):
+        assert f" {figure} " in f" {line} ", (figure, line)
+    assert "runway" in text.stdout.splitlines()[0]
+
+    # A runway shorter than asked for: a warning and exit 3, the figures still printed.
+    short = run("status", "--url", url, "--min-runway", str(2 * expected.runway))
+    assert short.returncode == 3 and "photos/64" in short.stdout
+    assert "runway" in error_line(short) and "--min-runway" in error_line(short)
+    assert run("status", "--url", url, "--min-runway", str(expected.runway / 2)).returncode == 0
+
+
+def test_status_reports_upstream_servers_up_and_down(make_database, tmp_path: Path) -> None:
+    dc = make_database("sqlite")
+    assert run("init", "--url", dc, "--datacenter-tier").returncode == 0
+    up = make_database("postgresql")
+    assert run("init", "--url", up, "photos").returncode == 0
+    behind = make_database("mysql")
+    assert run("init", "--url", behind, "photos").returncode == 0
+    target = sa.engine.make_url(behind)
+    closed = "postgresql+psycopg://postgres@127.0.0.1:1/tickets"  # nothing listens on port 1
+    missing = tmp_path / "no-such-upstream.db"
+    with TcpProxy(target.host or "127.0.0.1", target.port or 3306) as proxy:
+        proxied = proxy.url(behind)
+        args = ["status", "--url", dc, "--upstream", up, "--upstream", proxied]
+
+        healthy = run(*args, "--json")
+        assert healthy.returncode == 0, healthy.stderr
+        rows = [r for r in json.loads(healthy.stdout) if r["kind"] == "upstream"]
+        assert [r["up"] for r in rows] == [True, True]
+        assert all(r["sequences"] == ["photos"] and 0 < r["latency"] <= r["connect"] < 10
+                   for r in rows)
+
+        for fault in (proxy.refuse, proxy.hang):
+            fault()
+            started = time.monotonic()
+            result = run(*args, "--upstream", closed, "--upstream", f"sqlite:///{missing}",
+                         "--json")
+            assert time.monotonic() - started < 60  # a hung server is bounded by its timeout
+            assert result.returncode == 3, (fault, result.stderr)
+            rows = [r for r in json.loads(result.stdout) if r["kind"] == "upstream"]
+            assert [r["up"] for r in rows] == [True, False, False, False]
+            assert all(r["latency"] is None and r["error"] for r in rows[1:])
+            warned = [line for line in result.stderr.splitlines() if line.strip()]
+            assert len(warned) == 3 and all(w.startswith("warning: upstream ") for w in warned)
+            assert "Traceback" not in result.stderr
+            assert not missing.exists()  # looking created nothing
+
+            text = run(*args)
+            assert text.returncode == 3
+            states = [line.split()[1] for line in text.stdout.splitlines()
+                      if line.startswith(("postgresql", "mysql"))]
+            assert states == ["up", "DOWN"], text.stdout
+            proxy.forward()
+
+        assert run(*args).returncode == 0  # back up
+
+
+def test_status_of_a_database_with_only_a_tier_is_not_an_error(make_database) -> None:
+    url = make_database("postgresql")
+    assert run("init", "--url", url, "--datacenter-tier").returncode == 0
+    result = run("status", "--url", url)
+    assert result.returncode == 0, result.stderr
+    assert "no sequence has drawn from it yet" in result.stdout
+    assert result.stderr == ""
+    assert json.loads(run("status", "--url", url, "--json").stdout) == []
+    # Another prefix names no tier there: nothing at all, exit 1.
+    other = run("status", "--url", url, "--tier-prefix", "tickets_eu")
+    assert other.returncode == 1 and "no ticket tables" in error_line(other)
+    assert table_names(url) == {"tickets_dc__stock", "tickets_dc__state"}  # nothing created
