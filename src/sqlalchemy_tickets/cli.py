@@ -556,9 +556,8 @@ def _float_between(low: float, high: float) -> Callable[[str], float]:
 def _status(args: argparse.Namespace) -> int:
     servers: list[TicketServer] = args.servers
     tables = {id(server): bool(sequences(server)) for server in servers}
-    tiers = [(server, _tier_status(server, args.tier_prefix)) for server in servers]
-    found = [t for t in tiers if t[1] is not None]
-    empty = [s for s in servers if not tables[id(s)] and all(s is not t[0] for t in found)]
+    tiers = {id(server): _tier_status(server, args.tier_prefix) for server in servers}
+    empty = [s for s in servers if not tables[id(s)] and tiers[id(s)] is None]
     if len(empty) == len(servers):
         where = ", ".join(_shown(server.url) for server in servers)
         names = tier_tables(args.tier_prefix)
@@ -568,7 +567,7 @@ def _status(args: argparse.Namespace) -> int:
                            "--datacenter-tier`)")
     with_tables = [server for server in servers if tables[id(server)]]
     rows = sequence_status(with_tables, sample=args.sample) if with_tables else []
-    tier_rows = [(server, status) for server, statuses in found for status in statuses or []]
+    tier_rows = [(server, status) for server in servers for status in tiers[id(server)] or []]
     upstreams = _upstream_health(args.upstream)
     if args.json:
         document: list[dict[str, Any]] = [{"kind": "sequence", **row.as_dict()} for row in rows]
@@ -583,7 +582,7 @@ def _status(args: argparse.Namespace) -> int:
         parts = []
         if rows:
             parts.append(_table(rows, sampled=args.sample > 0))
-        if found:
+        if any(tier is not None for tier in tiers.values()):
             parts.append(_tier_table(tier_rows) if tier_rows else
                          "datacenter tier: no sequence has drawn from it yet")
         if upstreams:
