@@ -82,4 +82,4 @@ try:
     else:
         run_migrations_online()
 finally:
-    tickets.dispose()
+    tickets.close()
