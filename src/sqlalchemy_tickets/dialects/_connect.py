@@ -44,6 +44,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Dialect, Engine, make_url
 
 from .. import _process
+from .._naming import check_seconds
 from ..errors import DatabaseUnavailable, TicketsError
 from .base import ConnectParams, TicketBackend, backend_for
 
@@ -255,9 +256,7 @@ class OwnEngine:
         embedded: bool = False,
         unavailable: type[DatabaseUnavailable] = DatabaseUnavailable,
     ) -> None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise TicketsError(f"timeout must be a positive number of seconds, not {timeout!r}")
-        self.timeout = float(timeout)
+        self.timeout = check_seconds("timeout", timeout)
         self.what = what
         self._unavailable = unavailable
         app = engine_of(bind)

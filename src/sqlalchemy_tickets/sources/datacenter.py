@@ -77,6 +77,7 @@ from .._naming import (
     TicketTable,
     TierTables,
     check_bits,
+    check_seconds,
     max_id,
     normalize_sequence,
     tier_tables,
@@ -431,8 +432,7 @@ class DatacenterTier:
             ("supply", supply), ("window", window),
             ("claim_timeout", claim_timeout), ("backoff", backoff), ("max_backoff", max_backoff),
         ):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise TicketsError(f"{label} must be a positive number of seconds, not {value!r}")
+            check_seconds(label, value)
         check_count(min_block)
         check_count(max_block)
         if min_block > max_block:
