@@ -339,14 +339,14 @@ def test_connect_args_and_do_connect_hook_reach_the_library_connections(
     try:
         if client == "ticket_server":
             server = TicketServer(engine)
-            closers.append(server.dispose)
+            closers.append(server.close)
             server.next_id("photos")
         elif client == "embedded_default":
             cache = embedded_source(engine)
             cache.next_id("photos")
         else:
             lease = WorkerLease(engine, namespace="observed")
-            closers.append(lease.dispose)
+            closers.append(lease.close)
             lease.acquire(4)
         sessions = _sessions(postgresql_url)
         assert sessions, "the library kept no connection open"
@@ -460,13 +460,13 @@ def test_mysql_connect_args_and_do_connect_hook_reach_the_library_connections(
     try:
         if client == "ticket_server":
             server = TicketServer(engine)
-            closers.append(server.dispose)
+            closers.append(server.close)
             server.next_id("photos")
         elif client == "embedded_default":
             embedded_source(engine).next_id("photos")
         else:
             lease = WorkerLease(engine, namespace="observed")
-            closers.append(lease.dispose)
+            closers.append(lease.close)
             lease.acquire(4)
         admin = sa.create_engine(mysql_url, poolclass=sa.pool.NullPool)
         try:

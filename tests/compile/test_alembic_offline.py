@@ -335,6 +335,21 @@ def _tier_ddl(dialect: str, prefix: str, *, drop: bool = False) -> list[str]:
     ]
 
 
+_TABLE_OPTION = re.compile(r"\w+=(?:'(?:[^']|'')*'|\S+)")
+
+
+def _written(ddl: str, script: str) -> bool:
+    """``ddl`` is a statement of ``script``. MySQL's table options after the closing parenthesis
+    are compared as a set: SQLAlchemy 2.0 writes them in an order that differs between
+    processes (2.1 keeps one order)."""
+    body, _, options = ddl.rpartition(")")
+    start = script.find(body + ")")
+    if start < 0:
+        return False
+    written = script[start + len(body) + 1 : script.index(";", start + len(body))]
+    return sorted(_TABLE_OPTION.findall(written)) == sorted(_TABLE_OPTION.findall(options))
+
+
 @pytest.mark.parametrize("dialect", TIER_DIALECTS)
 def test_datacenter_tables_in_a_sql_script(dialect: str, tmp_path: Path) -> None:
     """``alembic upgrade head --sql`` / ``downgrade --sql`` of a project whose revision calls
@@ -345,7 +360,7 @@ def test_datacenter_tables_in_a_sql_script(dialect: str, tmp_path: Path) -> None
     stock, state = _tier_ddl(dialect, "tickets_eu")
     assert stock.startswith("CREATE TABLE IF NOT EXISTS tickets_eu__stock (")
     assert state.startswith("CREATE TABLE IF NOT EXISTS tickets_eu__state (")
-    assert f"{stock};" in up.stdout and f"{state};" in up.stdout
+    assert _written(stock, up.stdout) and _written(state, up.stdout)
     assert up.stdout.index("tickets_eu__stock") < up.stdout.index("tickets_eu__state")
     if dialect in ("mysql", "mariadb"):
         assert "ENGINE=InnoDB" in stock  # row locks: a take and its state row move together
