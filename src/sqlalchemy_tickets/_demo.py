@@ -78,8 +78,10 @@ def run_demo(path: Path) -> int:
     print(f"{total} photos in {path.name}; {stats['issued']} ids issued in "
           f"{stats['round_trips']} ticket round trips this run.")
     burned = tickets.close()
-    print(f"Closing the cache gave up the {burned} ids it held ready (the price of a restart).")
-    print("Run it again: the Photos sequence carries on above them.")
+    given_back = tickets.stats()["given_back"]
+    print(f"Closing the cache gave {given_back} ids it held back to the ticket table "
+          f"({burned} burned).")
+    print("Run it again: the Photos sequence carries on from the first id not used.")
     server.close()
     engine.dispose()
     return 0
