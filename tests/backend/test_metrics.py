@@ -103,7 +103,8 @@ def test_each_instrument_reads_back_what_stats_says(reader, server) -> None:
         cache.close()
 
 
-def test_counters_of_a_closed_cache_are_kept_and_burned_ids_show(reader, server) -> None:
+def _cache_holding_ids(server: TicketServer) -> tuple[str, CachedSource, int]:
+    """A cache of a fresh sequence that issued 10 ids and holds more: (sequence, cache, held)."""
     sequence = _name()
     cache = CachedSource(server, min_block=100)
     for _ in range(10):
@@ -111,6 +112,11 @@ def test_counters_of_a_closed_cache_are_kept_and_burned_ids_show(reader, server)
     assert cache.wait_idle(10)
     held = cache.stats()["in_hand"]
     assert held > 0
+    return sequence, cache, held
+
+
+def test_counters_of_a_closed_cache_are_kept_and_burned_ids_show(reader, server) -> None:
+    sequence, cache, held = _cache_holding_ids(server)
     before = read_back(reader)
     assert before["tickets.ids.burned"][sequence, 64] == 0
     # Another client takes a block after the cache's: the server cannot take them back.
@@ -126,13 +132,7 @@ def test_counters_of_a_closed_cache_are_kept_and_burned_ids_show(reader, server)
 
 
 def test_ids_given_back_on_closing_show_and_are_not_burned(reader, server) -> None:
-    sequence = _name()
-    cache = CachedSource(server, min_block=100)
-    for _ in range(10):
-        cache.next_id(sequence)
-    assert cache.wait_idle(10)
-    held = cache.stats()["in_hand"]
-    assert held > 0
+    sequence, cache, held = _cache_holding_ids(server)
     assert cache.close() == 0  # its blocks were the server's last: taken back
     after = read_back(reader)
     assert after["tickets.ids.given_back"][sequence, 64] == held
