@@ -32,7 +32,7 @@ LOWEST_PYTHON ?= $(shell for p in python$(LOWEST_PYTHON_VERSION) \
 	"$$p" -c 'import sys; assert sys.version.startswith("$(LOWEST_PYTHON_VERSION).")' \
 	2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: demo test installed suite lowest pgbouncer lint bench clean
+.PHONY: demo test installed suite lowest pgbouncer galera lint bench clean
 
 $(BIN)/activate: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,7 +46,7 @@ demo:
 	$(DEMO_VENV)/bin/pip install --quiet .
 	cd $(CURDIR) && $(DEMO_VENV)/bin/sqlalchemy-tickets demo
 
-test: $(BIN)/activate pgbouncer
+test: $(BIN)/activate pgbouncer galera
 	$(BIN)/mypy
 	$(MAKE) --no-print-directory installed
 	$(MAKE) --no-print-directory --jobs=$(SUITE_JOBS) --output-sync=target suite lowest
@@ -85,6 +85,15 @@ pgbouncer:
 	  echo "installing PgBouncer (Debian package pgbouncer) for the PgBouncer tests"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq && apt-get install -y -qq pgbouncer; }
+
+# The Galera tests start a 3-node MariaDB cluster: its provider (galera-4) and what its rsync state
+# transfer runs (rsync, and ss from iproute2), from Debian's packages.
+galera:
+	@{ test -n "$$TICKETS_GALERA_PROVIDER" || test -e /usr/lib/galera/libgalera_smm.so; } && \
+	  command -v rsync >/dev/null && command -v ss >/dev/null || { \
+	  echo "installing Galera (Debian packages galera-4 rsync iproute2) for the Galera tests"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq galera-4 rsync iproute2; }
 
 lint: $(BIN)/activate
 	$(BIN)/ruff check src tests benchmarks

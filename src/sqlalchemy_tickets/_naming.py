@@ -137,6 +137,11 @@ def check_stride(start: int, increment: int, offset: int, bits: int) -> None:
         raise TicketsError(f"start must be between 1 and {max_id(bits)}, not {start}")
 
 
+#: Where each ticket table's identity is recorded (one table per database, see ``docs/rewinds.md``):
+#: a single underscore keeps it apart from every sequence table of the default template.
+STAMP_TABLE = "tickets_stamps"
+
+
 #: Where a :class:`~sqlalchemy_tickets.sources.datacenter.DatacenterTier` keeps its stock: two
 #: tables named ``<prefix>__stock`` and ``<prefix>__state``. A single underscore after
 #: ``tickets`` keeps them apart from every sequence table of the default template

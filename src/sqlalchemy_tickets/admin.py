@@ -77,7 +77,18 @@ class SequenceStatus:
     rate: float | None  # ids per second over the sample, if sampled
     exhausted_32_at: str | None  # ISO date the 32-bit space runs out at that rate
     exhausted_64_at: str | None
-    warning: str | None
+    #: The identity recorded in the database's stamp table, and the one it shows now: they
+    #: differ after a restore or a failover no process has issued from yet.
+    identity: str | None
+    identity_now: str | None
+    #: The most any other server given issued of this sequence (a pair), when it is more than
+    #: this server's last id plus its stride: this server may have been restored.
+    behind: int | None
+    warnings: list[str]
+
+    @property
+    def warning(self) -> str | None:
+        return "; ".join(self.warnings) or None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,9 +104,18 @@ def sequence_status(
     """Every sequence on every server; with ``sample`` > 0, read twice that many seconds apart
     to measure the burn rate and forecast the date each id space runs out."""
     first: dict[tuple[int, TicketTable], TableInfo | None] = {}
+    identities: dict[tuple[int, TicketTable], tuple[str | None, str | None]] = {}
     for i, server in enumerate(servers):
         for table in sequences(server):
             first[i, table] = _describe(server, table)
+            stored, shown = server.identities(table.sequence, bits=table.bits)
+            identities[i, table] = (
+                None if stored is None else stored.stamp, None if shown is None else shown.stamp
+            )
+    highest: dict[TicketTable, list[tuple[int, int]]] = {}
+    for (i, table), info in first.items():
+        if info is not None and info.last_id is not None:
+            highest.setdefault(table, []).append((i, info.last_id))
     second = first
     if sample > 0:
         sleep(sample)
@@ -111,15 +131,28 @@ def sequence_status(
         # A share, so within 0..1: a 64-bit sequence past 2**31 has used all of a 32-bit space.
         used = {bits: min(1.0, max(0.0, (last or 0) / max_id(bits))) for bits in (32, 64)}
         label = table.sequence if table.sequence is not None else table.name
-        warning = None
+        warnings = []
         relevant = [32] if table.bits == 32 else [32, 64] if table.sequence else [64]
         for bits in relevant:
             if WARN_SHARE <= used[bits] < 1:
-                warning = (
+                warnings.append(
                     f"{used[bits]:.0%} of the {bits}-bit id space is used"
                     + (" (matters if a 32-bit column uses it)" if table.sequence and bits == 32
                        else "")
                 )
+        recorded, live = identities[i, table]
+        if recorded is not None and live is not None and recorded != live:
+            warnings.append(
+                f"its identity changed (recorded {recorded}, now {live}): restored from a "
+                "backup or failed over since it last issued; running processes move it above "
+                "what they issued, new ones refuse until `sqlalchemy-tickets sync --above N`"
+            )
+        peers = [last for j, last in highest.get(table, []) if j != i]
+        stride = info.increment if info is not None else 1
+        behind = max(peers) if peers and max(peers) > (last or 0) + stride else None
+        if behind is not None:
+            warnings.append(f"behind the other servers, which issued up to {behind:,} (restored "
+                            "from a backup?): `sqlalchemy-tickets sync --above N` moves it")
         out.append(
             SequenceStatus(
                 server=servers[i].url.render_as_string(),
@@ -134,7 +167,10 @@ def sequence_status(
                 rate=rate,
                 exhausted_32_at=_forecast(today, last, rate, 32),
                 exhausted_64_at=_forecast(today, last, rate, 64),
-                warning=warning,
+                identity=recorded,
+                identity_now=live,
+                behind=behind,
+                warnings=warnings,
             )
         )
     return out
@@ -275,6 +311,8 @@ def sync_sequence(
         conn.execute(backend.raise_floor_statement(t, sa.literal(floor, sa.BigInteger)))
     after = server.describe(sequence, bits=bits)
     assert after is not None
+    # The operator vouches for the sequence as it is now: processes that refused resume.
+    server.record_identity(sequence, bits=bits)
     logger.info("synced %s on %s above %d: last id %s", table.label, server, floor, after.last_id)
     return after
 

@@ -42,7 +42,13 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from . import __version__
-from ._naming import DEFAULT_TIER_PREFIX, check_stride, normalize_sequence, tier_tables
+from ._naming import (
+    DEFAULT_TIER_PREFIX,
+    check_stride,
+    normalize_sequence,
+    ticket_table,
+    tier_tables,
+)
 from .admin import (
     SequenceStatus,
     ServerHealth,
@@ -591,7 +597,8 @@ def _status(args: argparse.Namespace) -> int:
     for server in empty:
         print(f"note: no ticket tables or datacenter tier on {_shown(server.url)}",
               file=sys.stderr)
-    warnings = [f"{row.sequence} on {row.server}: {row.warning}" for row in rows if row.warning]
+    warnings = [f"{row.sequence} on {row.server}: {warning}"
+                for row in rows for warning in row.warnings]
     warnings += [
         f"{_tier_label(status)} in the datacenter tier on {_shown(server.url)}: {problem}"
         for server, status in tier_rows
@@ -712,7 +719,8 @@ def _upstream_table(rows: Sequence[ServerHealth]) -> str:
 
 
 def _table(rows: Sequence[SequenceStatus], *, sampled: bool) -> str:
-    header = ["server", "sequence", "last id", "inc", "off", "32-bit used", "64-bit used"]
+    header = ["server", "sequence", "last id", "inc", "off", "32-bit used", "64-bit used",
+              "identity"]
     if sampled:
         header += ["ids/s", "32-bit ends", "64-bit ends"]
     lines: list[list[str]] = []
@@ -725,6 +733,7 @@ def _table(rows: Sequence[SequenceStatus], *, sampled: bool) -> str:
             str(row.offset),
             f"{row.used_32:.4%}",
             f"{row.used_64:.2e}",
+            _identity_cell(row),
         ]
         if sampled:
             line += [
@@ -736,35 +745,76 @@ def _table(rows: Sequence[SequenceStatus], *, sampled: bool) -> str:
     return _columns(header, lines)
 
 
+def _identity_cell(row: SequenceStatus) -> str:
+    if row.identity_now is None:
+        return "-"
+    if row.identity is None:
+        return "not recorded"
+    return "as recorded" if row.identity == row.identity_now else "CHANGED"
+
+
 # -- sync ---------------------------------------------------------------------------------------
 
 
 def _sync_arguments(sub: argparse.ArgumentParser) -> None:
     _server_arguments(sub)
-    sub.add_argument("--from", dest="source_url", required=True, type=_url, metavar="URL",
-                     help="the database holding the application table")
-    sub.add_argument("--table", required=True, type=_identifier("table"))
+    sub.add_argument("--above", type=_int_between(0, 2**63 - 1), metavar="N",
+                     help="move the sequences so every new id is above N (after a restore or "
+                     "a failover: N at least the highest id ever issued)")
+    sub.add_argument("--from", dest="source_url", type=_url, metavar="URL",
+                     help="instead of --above: the database holding an application table, "
+                     "whose largest key is N (cut-over from auto-increment)")
+    sub.add_argument("--table", type=_identifier("table"), help="that table (with --from)")
     sub.add_argument("--column", default="id", type=_identifier("column"),
                      help="its integer key (default id)")
     sub.add_argument("--bits", type=int, choices=(32, 64), default=64)
-    which = sub.add_mutually_exclusive_group(required=True)
-    which.add_argument("sequence", nargs="?", type=_sequence, default=None, metavar="SEQUENCE",
-                       help="the sequence to move (required, or --flickr)")
-    which.add_argument("--flickr", action="store_true",
-                       help="move Flickr's Tickets64 (--bits 32: Tickets32) instead")
+    sub.add_argument("sequences", nargs="*", type=_sequence, metavar="SEQUENCE",
+                     help="the sequences to move (with --above and none named: every "
+                     "sequence on the servers)")
+    sub.add_argument("--flickr", action="store_true",
+                     help="move Flickr's Tickets64 (--bits 32: Tickets32) instead")
 
 
-@command("sync", "move a sequence above max(id) of a table (cut-over from auto-increment)",
-         _sync_arguments, servers={"create_missing": False}, existing=True)
+def _sync_check(args: argparse.Namespace) -> None:
+    if (args.above is None) == (args.source_url is None):
+        raise _Usage("give --above N, or --from URL --table TABLE (the largest key of a table)")
+    if args.source_url is not None and args.table is None:
+        raise _Usage("--from needs --table: the application table whose largest key to read")
+    if args.source_url is None and args.table is not None:
+        raise _Usage("--table goes with --from URL")
+    if args.flickr and args.sequences:
+        raise _Usage("name sequences or give --flickr, not both")
+    if args.source_url is not None and not args.flickr and len(args.sequences) != 1:
+        raise _Usage("with --from, name the one sequence to move (or --flickr)")
+
+
+@command("sync", "move sequences above N (--above) or above max(id) of a table (--from): "
+         "after a restore or a failover, or a cut-over from auto-increment; re-records each "
+         "table's identity", _sync_arguments, check=_sync_check,
+         servers={"create_missing": False}, existing=True)
 def _sync(args: argparse.Namespace) -> int:
-    _require_database(args.source_url)
     servers: list[TicketServer] = args.servers
-    label = args.sequence or f"Tickets{args.bits}"
-    floor = table_max(args.source_url, args.table, args.column)
+    if args.source_url is not None:
+        _require_database(args.source_url)
+        floor = table_max(args.source_url, args.table, args.column)
+        why = f"max({args.table}.{args.column}) = {floor}"
+    else:
+        floor = args.above
+        why = f"--above {floor}"
     for server in servers:
-        info = sync_sequence(server, args.sequence, floor, bits=args.bits)
-        print(f"{label} on {_shown(server.url)}: max({args.table}.{args.column}) = {floor}; "
-              f"every new id is above it (last id now {info.last_id})")
+        if args.flickr:
+            targets = [ticket_table(None, args.bits)]
+        elif args.sequences:
+            targets = [ticket_table(name, args.bits, server.table_template)
+                       for name in args.sequences]
+        else:
+            targets = sequences(server)
+            if not targets:
+                raise TicketsError(f"no ticket tables on {_shown(server.url)}")
+        for table in targets:
+            info = sync_sequence(server, table.sequence, floor, bits=table.bits)
+            print(f"{table.label} on {_shown(server.url)}: {why}; every new id is above it "
+                  f"(last id now {info.last_id}; identity recorded)")
     return 0
 
 

@@ -7,6 +7,7 @@ __all__ = [
     "CommitOutcomeUnknownError",
     "DatabaseUnavailable",
     "ExhaustedError",
+    "RewindError",
     "StrideMismatchError",
     "TicketServerUnavailable",
     "TicketsError",
@@ -47,6 +48,17 @@ class DatabaseUnavailable(TicketsError):
 
 class TicketServerUnavailable(DatabaseUnavailable):
     """A ticket server refused, dropped or did not answer within its timeout."""
+
+
+class RewindError(TicketsError):
+    """A ticket database went back in time (restored from a backup, replaced by a replica that
+    had not seen its last writes, or behind ids already in use) and the source knows no floor it
+    can trust to move the sequence above: nothing was issued.
+
+    The message names the server, the sequence, what was seen and the command that fixes it
+    (``sqlalchemy-tickets sync --url URL --above N SEQUENCE``); after it, issuing resumes, in
+    running processes too.
+    """
 
 
 class CommitOutcomeUnknownError(TicketsError):

@@ -21,7 +21,9 @@ Foreign keys to ticket ids draw nothing either.
 
 Ticket tables are never in the metadata, so Alembic itself would propose to drop them; those
 ``DropTableOp``\\ s are taken out again — a ticket table holds the last id issued, and dropping it
-would issue the same ids twice. :func:`include_object` does the same at the source, for users
+would issue the same ids twice. So is the stamp table (``tickets_stamps``), where each ticket
+table's identity is recorded to notice a restore or a failover. :func:`include_object` does
+the same at the source, for users
 who prefer it (or who run a version of Alembic where the comparator below is not reached).
 
 Datacenter tiers: when ``target_metadata`` holds a tier's two tables
@@ -52,6 +54,7 @@ from sqlalchemy.engine import URL
 from .._naming import (
     DEFAULT_TABLE_TEMPLATE,
     DEFAULT_TIER_PREFIX,
+    STAMP_TABLE,
     TicketTable,
     ticket_table,
     tier_tables,
@@ -110,7 +113,9 @@ def include_object(
     """
     if type_ != "table" or not reflected or not isinstance(name, str):
         return True
-    return not (is_ticket_table_name(name) or name.lower() in _TIER_NAMES)
+    return not (
+        is_ticket_table_name(name) or name.lower() in _TIER_NAMES or name.lower() == STAMP_TABLE
+    )
 
 
 def ticket_tables(
@@ -231,7 +236,10 @@ def compare_ticket_tables(
         return (
             op.schema is None
             and name.lower() not in in_metadata
-            and any(is_ticket_table_name(name, template) for template in templates)
+            and (
+                name.lower() == STAMP_TABLE
+                or any(is_ticket_table_name(name, template) for template in templates)
+            )
         )
 
     for container in _walk(upgrade_ops):

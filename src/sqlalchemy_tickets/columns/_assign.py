@@ -6,6 +6,11 @@ a default (unless the user gave one) — the Core path. In ``before_flush`` ever
 lacks an id gets one, grouped so that one ``next_block`` serves every object of a
 (source, sequence, bits) in the flush — the ORM path. Since the objects hold their ids before the
 INSERT, the ORM sends one plain executemany, and a retried flush reuses the same ids.
+
+The first time a type meets a table in a process (``unmet_floors``), the table's largest key is
+read on the flushing connection (one primary-key index lookup) and the source is told that ids
+up to it are in use (``keep_above``): a table moved from auto-increment, or a ticket database
+restored from an older backup, never gets a key it already holds.
 """
 
 from __future__ import annotations
@@ -46,6 +51,19 @@ class AssignedIdType:
         """Refuse a value set by hand that the column cannot hold (``TicketsError``), at flush
         time, before any SQL runs. The default accepts everything."""
 
+    def unmet_floors(
+        self, engine: EngineGetter, columns: list[sa.Column[Any]]
+    ) -> list[sa.Column[Any]]:
+        """The columns among ``columns`` whose largest value the source has not been told of
+        in this process (see :meth:`keep_above`). The default: none."""
+        return []
+
+    def keep_above(
+        self, engine: EngineGetter, floor: int, columns: list[sa.Column[Any]]
+    ) -> None:
+        """Tell the source that ids up to ``floor`` (the largest key of ``columns``) are in
+        use; ``columns`` are met from now on."""
+
     # SQLAlchemy calls this when the type is given to a Column (SchemaEventTarget protocol).
     def _set_parent(self, parent: Any, outer: bool = False, **kw: Any) -> None:
         if isinstance(parent, sa.Column):
@@ -68,32 +86,71 @@ def _core_default(type_: AssignedIdType) -> Callable[[Any], Any]:
         def engine() -> Engine:
             return connection.engine
 
+        columns = [context.current_column]
         rows = len(context.compiled_parameters)
         if rows <= 1:
-            return _off_the_loop(type_.new_ids, engine, 1)[0]
+            return _draw(type_, engine, 1, columns, connection.scalar)[0]
         pending: dict[object, Any] = context.__dict__.setdefault("_sqlalchemy_tickets", {})
         ids = pending.get(key)
         if ids is None:
-            ids = pending[key] = iter(_off_the_loop(type_.new_ids, engine, rows))
+            ids = pending[key] = iter(_draw(type_, engine, rows, columns, connection.scalar))
         try:
             return next(ids)
         except StopIteration:
-            return _off_the_loop(type_.new_ids, engine, 1)[0]
+            return _draw(type_, engine, 1, columns, connection.scalar)[0]
 
     return default
 
 
-# Per mapper: (attribute key, type) of every id column the flush must fill.
-_plans: weakref.WeakKeyDictionary[Mapper[Any], tuple[tuple[str, AssignedIdType], ...]] = (
-    weakref.WeakKeyDictionary()
-)
+def _draw(
+    type_: AssignedIdType,
+    engine: EngineGetter,
+    count: int,
+    columns: list[sa.Column[Any]],
+    read: Callable[[Any], Any],
+) -> list[Any]:
+    """``count`` new ids; the first time the type meets one of ``columns`` here, their largest
+    key is read with ``read`` (on the caller's connection, in the caller's context) and the
+    source told of it first."""
+    unmet = type_.unmet_floors(engine, columns)
+    if not unmet:
+        return _off_the_loop(type_.new_ids, engine, count)
+    floor = 0
+    for column in unmet:
+        value = read(sa.select(sa.func.max(column)))
+        if isinstance(value, int) and value > floor:
+            floor = value
+    return _off_the_loop(_keep_above_then_draw, type_, engine, count, floor, unmet)
+
+
+def _keep_above_then_draw(
+    type_: AssignedIdType,
+    engine: EngineGetter,
+    count: int,
+    floor: int,
+    columns: list[sa.Column[Any]],
+) -> list[Any]:
+    type_.keep_above(engine, floor, columns)
+    return type_.new_ids(engine, count)
+
+
+#: What one group of a flush draws: the type, the engine, the (object dict, key) pairs to fill,
+#: the columns they fill and the mapper of the first.
+_Group = tuple[
+    AssignedIdType, EngineGetter, list[tuple[Any, str]], list["sa.Column[Any]"], Mapper[Any]
+]
+
+_Plan = tuple[tuple[str, AssignedIdType, "sa.Column[Any]"], ...]
+
+# Per mapper: (attribute key, type, column) of every id column the flush must fill.
+_plans: weakref.WeakKeyDictionary[Mapper[Any], _Plan] = weakref.WeakKeyDictionary()
 _plans_lock = threading.Lock()
 
 
-def _plan(mapper: Mapper[Any]) -> tuple[tuple[str, AssignedIdType], ...]:
+def _plan(mapper: Mapper[Any]) -> _Plan:
     plan = _plans.get(mapper)
     if plan is None:
-        found: dict[str, AssignedIdType] = {}
+        found: dict[str, tuple[AssignedIdType, sa.Column[Any]]] = {}
         for prop in mapper.column_attrs:
             for column in prop.columns:
                 if (
@@ -101,8 +158,8 @@ def _plan(mapper: Mapper[Any]) -> tuple[tuple[str, AssignedIdType], ...]:
                     and isinstance(column.type, AssignedIdType)
                     and not column.foreign_keys
                 ):
-                    found.setdefault(prop.key, column.type)
-        plan = tuple(found.items())
+                    found.setdefault(prop.key, (column.type, column))
+        plan = tuple((key, type_, column) for key, (type_, column) in found.items())
         with _plans_lock:
             _plans[mapper] = plan
     return plan
@@ -120,7 +177,7 @@ def _assign_ids(session: Session, flush_context: UOWTransaction, instances: Any)
             by_class[state.manager] = [obj]
         else:
             found.append(obj)
-    groups: dict[Hashable, tuple[AssignedIdType, EngineGetter, list[tuple[Any, str]]]] = {}
+    groups: dict[Hashable, _Group] = {}
     for manager, objects in by_class.items():
         mapper = manager.mapper
         plan = _plan(mapper)
@@ -129,7 +186,7 @@ def _assign_ids(session: Session, flush_context: UOWTransaction, instances: Any)
         # The objects' attribute dicts, fetched once: InstanceState.dict is a property.
         dicts = list(map(manager.dict_getter(), objects))
         engine = _engine_getter(session, mapper)
-        for key, type_ in plan:
+        for key, type_, column in plan:
             if type(type_).check_assigned is not AssignedIdType.check_assigned:
                 for values in dicts:
                     value = values.get(key)
@@ -141,11 +198,19 @@ def _assign_ids(session: Session, flush_context: UOWTransaction, instances: Any)
             group = type_.assign_group(engine)
             entry = groups.get(group)
             if entry is None:
-                groups[group] = (type_, engine, targets)
+                groups[group] = (type_, engine, targets, [column], mapper)
             else:
                 entry[2].extend(targets)
-    for type_, engine, targets in groups.values():
-        new_ids = _off_the_loop(type_.new_ids, engine, len(targets))
+                if column not in entry[3]:
+                    entry[3].append(column)
+    for type_, engine, targets, columns, mapper in groups.values():
+
+        def read(statement: Any, mapper: Mapper[Any] = mapper) -> Any:
+            # On the flushing connection, in its transaction: no second connection (a pool of
+            # one, in-memory SQLite), and under AsyncSession in SQLAlchemy's greenlet.
+            return session.connection(bind_arguments={"mapper": mapper}).scalar(statement)
+
+        new_ids = _draw(type_, engine, len(targets), columns, read)
         for (values, key), new_id in zip(targets, new_ids, strict=True):
             # Straight into the object's state: a pending object's INSERT is built from it,
             # and no history is needed for a key that was never loaded.

@@ -2,18 +2,49 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Hashable
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 from sqlalchemy.types import TypeDecorator
 
 from .._naming import check_bits, normalize_sequence
-from ..sources.base import TicketSource, take
+from ..errors import TicketsError
+from ..sources.base import KeepsAbove, TicketSource, ensure_above_in, take
 from ..sources.default import resolve
 from ._assign import AssignedIdType, EngineGetter
 
 __all__ = ["TicketId"]
+
+# Per source, per application engine: the (table, column) pairs whose largest key the source
+# has been told of in this process. Weak both ways: an engine per test must not accumulate.
+_met: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Engine, set[tuple[str, str]]]] = (
+    weakref.WeakKeyDictionary()
+)
+_met_lock = threading.Lock()
+
+
+def _met_for(source: Any, engine: Engine) -> set[tuple[str, str]] | None:
+    """The set of met columns of ``source`` on ``engine`` (``None``: ``source`` cannot be
+    held weakly, so floors are not kept for it)."""
+    with _met_lock:
+        try:
+            per_engine = _met.get(source)
+            if per_engine is None:
+                per_engine = _met[source] = weakref.WeakKeyDictionary()
+        except TypeError:
+            return None
+        found = per_engine.get(engine)
+        if found is None:
+            found = per_engine[engine] = set()
+        return found
+
+
+def _column_key(column: sa.Column[Any]) -> tuple[str, str]:
+    return (column.table.fullname if column.table is not None else "", column.name)
 
 
 class TicketId(AssignedIdType, TypeDecorator[int]):
@@ -60,6 +91,30 @@ class TicketId(AssignedIdType, TypeDecorator[int]):
 
     def new_ids(self, engine: EngineGetter, count: int) -> list[int]:
         return take(self._source(engine), self.sequence, count, self.bits)
+
+    def unmet_floors(
+        self, engine: EngineGetter, columns: list[sa.Column[Any]]
+    ) -> list[sa.Column[Any]]:
+        source = self._source(engine)
+        if not isinstance(source, KeepsAbove):
+            return []
+        try:
+            app = engine()
+        except TicketsError:
+            return []  # a ShardedSession: its rows go to many databases
+        met = _met_for(source, app)
+        if met is None:
+            return []
+        return [c for c in columns if _column_key(c) not in met]
+
+    def keep_above(self, engine: EngineGetter, floor: int, columns: list[sa.Column[Any]]) -> None:
+        source = self._source(engine)
+        if floor > 0:
+            ensure_above_in(source, self.sequence, floor, self.bits)
+        met = _met_for(source, engine())
+        if met is not None:
+            with _met_lock:
+                met.update(map(_column_key, columns))
 
     def _source(self, engine: EngineGetter) -> TicketSource:
         return resolve(self.source, engine)

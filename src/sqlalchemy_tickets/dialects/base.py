@@ -19,7 +19,14 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Dialect
 
-from .._naming import MAX_SEQUENCE_LENGTH, TicketTable, TierTables, first_id
+from .._naming import (
+    MAX_SEQUENCE_LENGTH,
+    MAX_TABLE_NAME_LENGTH,
+    STAMP_TABLE,
+    TicketTable,
+    TierTables,
+    first_id,
+)
 from ..errors import TicketsError
 
 # Backend modules are imported lazily: a SQLite user need not have psycopg installed.
@@ -138,6 +145,50 @@ class TableInfo:
     increment: int
     offset: int
     last_id: int | None
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a ticket table is, as far as a restore or a failover can change it.
+
+    ``lineage`` is what a failover keeps (PostgreSQL's ``system_identifier``), ``era`` what it
+    moves (PostgreSQL's timeline; MySQL/MariaDB's ``@@server_id``), ``table`` what a restore
+    changes (PostgreSQL's table OID, MySQL/MariaDB's table creation time, SQLite's root page).
+    ``synchronous``: every commit on this database waited for a standby, so a failover to it
+    lost no issued block.
+    """
+
+    lineage: str
+    era: str
+    table: str
+    synchronous: bool = False
+
+    @property
+    def stamp(self) -> str:
+        """The identity as recorded in the stamp table (``synchronous`` apart)."""
+        return f"{self.lineage}|{self.era}|{self.table}"
+
+    @classmethod
+    def from_stamp(cls, stamp: str, synchronous: bool) -> Identity:
+        lineage, _, rest = stamp.partition("|")
+        era, _, table = rest.partition("|")
+        return cls(lineage, era, table, synchronous)
+
+    def same(self, other: Identity) -> bool:
+        return self.stamp == other.stamp
+
+    def promoted_from(self, other: Identity) -> bool:
+        """Whether this is ``other`` after a failover to a synchronous standby: the same
+        database and table, a new era, and ``other`` waited for its standby on every commit."""
+        return (
+            other.synchronous
+            and self.lineage == other.lineage
+            and self.table == other.table
+            and self.era != other.era
+        )
+
+    def __str__(self) -> str:
+        return self.stamp
 
 
 @dataclass(frozen=True)
@@ -317,7 +368,14 @@ class TicketBackend:
         return statements
 
     def drop_statements(self, spec: TableSpec) -> list[sa.sql.Executable]:
-        return [sa.schema.DropTable(self.table(spec), if_exists=True)]
+        """DDL dropping a ticket table, and forgetting its recorded identity: a table dropped
+        on purpose and made again later is a new sequence, not a rewind."""
+        stamps = self.stamp_table()
+        return [
+            sa.schema.DropTable(self.table(spec), if_exists=True),
+            sa.schema.CreateTable(stamps, if_not_exists=True),
+            sa.delete(stamps).where(stamps.c.table_name == spec.table.name),
+        ]
 
     def stride_of(self, t: sa.Table) -> tuple[sa.ColumnElement[int], sa.ColumnElement[int]]:
         """SQL expressions for a table's increment and offset."""
@@ -326,11 +384,13 @@ class TicketBackend:
         return sa.literal(1), sa.literal(1)
 
     def raise_floor_statement(
-        self, t: sa.Table, floor: sa.ColumnElement[int]
+        self, t: sa.Table, floor: sa.ColumnElement[int] | int
     ) -> sa.sql.Executable:
         """Move the sequence so its next id is above ``floor``, keeping its residue; a sequence
         already above is left alone. One statement, so it is atomic beside running clients."""
         increment, offset = self.stride_of(t)
+        if isinstance(floor, int):
+            floor = sa.literal(floor, sa.BigInteger)
         target = last_id_below(floor + 1, increment, offset)
         return sa.update(t).where(t.c.stub == "a", t.c.id < target).values(id=target)
 
@@ -363,6 +423,62 @@ class TicketBackend:
         every other client: concurrent creators wait for each other, and no reader sees the
         table without its row where the database allows it. Waits at most ``timeout`` s."""
         yield
+
+    # -- identity (rewinds) --------------------------------------------------------------
+
+    #: Whether :meth:`take_block` checks the table's identity in its own statement (a restore
+    #: or a failover then makes the take advance nothing); elsewhere the source reads
+    #: :meth:`identity` itself, on every new connection and at an interval.
+    identity_in_block: ClassVar[bool] = False
+
+    def identity(self, cursor: Any, dialect: Dialect, table: TicketTable) -> Identity | None:
+        """The identity of ``table`` as the database shows it now (``None``: no such table)."""
+        raise NotImplementedError
+
+    def stamp_table(self, metadata: sa.MetaData | None = None) -> sa.Table:
+        """The table where each ticket table's identity is recorded (one per database)."""
+        metadata = metadata if metadata is not None else sa.MetaData()
+        return sa.Table(
+            STAMP_TABLE,
+            metadata,
+            sa.Column("table_name", sa.String(MAX_TABLE_NAME_LENGTH), primary_key=True),
+            sa.Column("stamp", sa.String(255), nullable=False),
+            sa.Column("synchronous", sa.SmallInteger, nullable=False, server_default="0"),
+            sa.Column("last_id", sa.BigInteger, nullable=True),
+            comment="sqlalchemy-tickets: the identity of each ticket table, to notice rewinds",
+            **self.tier_table_options(),
+        )
+
+    def read_stamp(self, connection: sa.Connection, table: TicketTable) -> Identity | None:
+        """The identity recorded for ``table`` (``None``: none recorded, or no stamp table)."""
+        t = self.stamp_table()
+        try:
+            row = connection.execute(
+                sa.select(t.c.stamp, t.c.synchronous).where(t.c.table_name == table.name)
+            ).first()
+        except sa.exc.DBAPIError as error:
+            if error.orig is not None and self.is_missing_table(error.orig):
+                return None
+            raise
+        return None if row is None else Identity.from_stamp(row[0], bool(row[1]))
+
+    def record_stamp(
+        self,
+        connection: sa.Connection,
+        table: TicketTable,
+        identity: Identity,
+        last_id: int | None,
+    ) -> None:
+        """Record ``identity`` as ``table``'s (creating the stamp table if need be)."""
+        t = self.stamp_table()
+        connection.execute(sa.schema.CreateTable(t, if_not_exists=True))
+        values = {
+            "stamp": identity.stamp,
+            "synchronous": int(identity.synchronous),
+            "last_id": last_id,
+        }
+        connection.execute(self.insert_seed(t, {"table_name": table.name, **values}))
+        connection.execute(sa.update(t).where(t.c.table_name == table.name).values(**values))
 
     # -- datacenter tiers ----------------------------------------------------------------
 
@@ -439,25 +555,47 @@ class TicketBackend:
     # -- round trips ---------------------------------------------------------------------
 
     def take_block(
-        self, cursor: Any, dialect: Dialect, table: TicketTable, count: int, info: TableInfo
+        self,
+        cursor: Any,
+        dialect: Dialect,
+        table: TicketTable,
+        count: int,
+        info: TableInfo,
+        identity: Identity | None = None,
     ) -> int | None:
         """Advance the table by ``count`` ids in one statement; return the block's last id.
 
         ``None`` means no row was advanced: the table has no row, its stride is no longer
-        ``info``'s, or the ids would pass the table's bit width (the caller tells which with
-        :meth:`describe`).
+        ``info``'s, the ids would pass the table's bit width, or (where
+        :attr:`identity_in_block`) the table is no longer ``identity``'s (the caller tells
+        which with :meth:`describe` and :meth:`identity`).
         """
         step = count * info.increment
         if step > table.max_id:
             # More than the id space: no row could advance, and the SQL would overflow.
             return None
-        stmt = self.statement(dialect, table, "take_block", self.advance_statement)
+        guards = self.identity_guards(identity) if identity is not None else None
+        if guards:
+            stmt = self.statement(dialect, table, "take_guarded", self.guarded_advance_statement)
+        else:
+            stmt = self.statement(dialect, table, "take_block", self.advance_statement)
+            guards = {}
         if table.flickr:
-            stmt.execute(cursor, step=step, max=table.max_id - step)
+            stmt.execute(cursor, step=step, max=table.max_id - step, **guards)
         else:
             stmt.execute(cursor, step=step, max=table.max_id - step,
-                         increment=info.increment, offset=info.offset)
+                         increment=info.increment, offset=info.offset, **guards)
         return self.advanced_id(cursor)
+
+    def identity_guards(self, identity: Identity) -> dict[str, Any]:
+        """Parameters of :meth:`guarded_advance_statement` for ``identity`` (empty: the
+        backend does not check identities in the take)."""
+        return {}
+
+    def guarded_advance_statement(self, t: sa.Table) -> sa.sql.Executable:
+        """:meth:`advance_statement`, advancing only while the table is the one the
+        parameters of :meth:`identity_guards` describe."""
+        raise NotImplementedError
 
     def advance_statement(self, t: sa.Table) -> sa.sql.Executable:
         """The statement :meth:`take_block` runs (see :func:`advance`)."""

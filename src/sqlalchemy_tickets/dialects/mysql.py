@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
@@ -24,6 +25,7 @@ from .._naming import TicketTable
 from ..errors import StrideMismatchError, TicketServerUnavailable
 from .base import (
     ConnectParams,
+    Identity,
     TableInfo,
     TableSpec,
     TicketBackend,
@@ -33,6 +35,7 @@ from .base import (
 )
 
 _NO_SUCH_TABLE = 1146
+_NEEDS_PROCESS_PRIVILEGE = 1227
 _CANNOT_CONNECT = 2003
 #: 1205 lock wait timeout, 1213 deadlock, 1053 server shutdown, 1927 connection killed,
 #: 2003 cannot connect, 2006 server has gone away, 2013 lost connection during query,
@@ -44,6 +47,11 @@ _RETRYABLE_CODES = frozenset({1205, 1213, 1053, 1927, 2003, 2006, 2013, 4031})
 class MySQLBackend(TicketBackend):
     flickr_stride_from_server = True
     sync_drivername = "mysql+pymysql"
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Dialects (one per engine) whose user may not read InnoDB's table ids.
+        self._no_table_ids: weakref.WeakSet[Dialect] = weakref.WeakSet()
 
     def connect_with_timeout(
         self, dialect: Dialect, cargs: Any, cparams: dict[str, Any], seconds: float
@@ -185,6 +193,30 @@ class MySQLBackend(TicketBackend):
         stmt.execute(cursor)
         return int(cursor.lastrowid)
 
+    def identity(self, cursor: Any, dialect: Dialect, table: TicketTable) -> Identity | None:
+        # MariaDB has no server_uuid: the server id tells a promoted replica from its primary,
+        # the creation time a restored table from the one dumped.
+        if dialect not in self._no_table_ids:
+            stmt = self.statement(dialect, table, "identity_full", _identity_with_table_id)
+            try:
+                server_id, created, table_id = stmt.execute(cursor).fetchone()
+            except Exception as error:
+                if getattr(error, "args", (None,))[0] != _NEEDS_PROCESS_PRIVILEGE:
+                    raise
+                # The InnoDB table id needs the PROCESS privilege; the creation time (to the
+                # second) is what is left.
+                self._no_table_ids.add(dialect)
+            else:
+                if created is None:
+                    return None
+                return Identity("mysql", f"server_id:{server_id}",
+                                f"created:{created}:table_id:{table_id}")
+        stmt = self.statement(dialect, table, "identity", _identity)
+        server_id, created = stmt.execute(cursor).fetchone()
+        if created is None:
+            return None
+        return Identity("mysql", f"server_id:{server_id}", f"created:{created}")
+
     def is_retryable(self, error: BaseException) -> bool:
         if not type(error).__module__.startswith("pymysql"):
             return False
@@ -215,6 +247,22 @@ def _flickr_describe(t: sa.Table) -> sa.sql.Executable:
         sa.literal_column("@@auto_increment_offset"),
         last,
     )
+
+
+def _identity(t: sa.Table) -> sa.sql.Executable:
+    return sa.text(
+        "SELECT @@server_id, (SELECT CREATE_TIME FROM information_schema.TABLES "
+        "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :name)"
+    ).bindparams(name=t.name)
+
+
+def _identity_with_table_id(t: sa.Table) -> sa.sql.Executable:
+    return sa.text(
+        "SELECT @@server_id, (SELECT CREATE_TIME FROM information_schema.TABLES "
+        "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :name), "
+        "(SELECT TABLE_ID FROM information_schema.INNODB_SYS_TABLES "
+        "WHERE NAME = CONCAT(DATABASE(), '/', :name))"
+    ).bindparams(name=t.name)
 
 
 def _named_describe(t: sa.Table) -> sa.sql.Executable:

@@ -19,7 +19,15 @@ from sqlalchemy.engine import URL, Dialect
 
 from .._naming import TicketTable
 from ._connect import bounded_call
-from .base import ConnectParams, ReturningBackend, lock_key, register_backend, transport_fd
+from .base import (
+    ConnectParams,
+    Identity,
+    ReturningBackend,
+    advance,
+    lock_key,
+    register_backend,
+    transport_fd,
+)
 
 #: The first key of the advisory locks taken while a ticket table is created ("tick").
 _LOCK_CLASS = 0x7469636B
@@ -30,9 +38,53 @@ _RETRYABLE_STATES = frozenset({"40001", "40P01", "57014", "57P01", "57P02", "57P
 _DRIVER_MODULES = ("psycopg", "psycopg2", "asyncpg", "sqlalchemy.dialects.postgresql.asyncpg")
 
 
+#: The timeline this server writes on now: the first 8 hex digits of the current WAL file's
+#: name. ``pg_control_checkpoint()`` lags behind a promotion until the next checkpoint.
+_TIMELINE = "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"
+
+#: A table's identity, readable by an unprivileged user: the cluster (a failover keeps it), the
+#: timeline (a promotion moves it), the table's OID (a restore changes it), and whether every
+#: commit waits for a synchronous standby.
+_IDENTITY = sa.text(
+    "SELECT (SELECT system_identifier FROM pg_control_system())::text, "
+    f"{_TIMELINE}, to_regclass(quote_ident(:name))::oid::bigint, "
+    "current_setting('synchronous_standby_names') <> '' AND "
+    "current_setting('synchronous_commit') IN ('on', 'remote_apply', 'remote_write')"
+)
+
+
 @register_backend("postgresql")
 class PostgreSQLBackend(ReturningBackend):
     sync_drivername = "postgresql+psycopg"
+    # The take itself refuses a table whose OID or timeline changed: no extra round trip.
+    identity_in_block = True
+
+    def identity(self, cursor: Any, dialect: Dialect, table: TicketTable) -> Identity | None:
+        stmt = self.statement(
+            dialect, table, "identity", lambda t: _IDENTITY.bindparams(name=t.name)
+        )
+        sysid, timeline, oid, synchronous = stmt.execute(cursor).fetchone()
+        if oid is None:
+            return None
+        return Identity(f"pg:{sysid}", f"timeline:{int(timeline, 16)}", f"oid:{oid}",
+                        bool(synchronous))
+
+    def identity_guards(self, identity: Identity) -> dict[str, Any]:
+        return {
+            "guard_table": int(identity.table.partition(":")[2]),
+            "guard_timeline": f"{int(identity.era.partition(':')[2]):08X}",
+        }
+
+    def guarded_advance_statement(self, t: sa.Table) -> sa.sql.Executable:
+        return (
+            advance(t, t.c.id + sa.bindparam("step", type_=sa.BigInteger))
+            .where(
+                sa.cast(sa.literal_column("tableoid"), sa.BigInteger)
+                == sa.bindparam("guard_table", type_=sa.BigInteger),
+                sa.literal_column(_TIMELINE) == sa.bindparam("guard_timeline", type_=sa.Text),
+            )
+            .returning(t.c.id)
+        )
 
     def connect_with_timeout(
         self, dialect: Dialect, cargs: Any, cparams: dict[str, Any], seconds: float

@@ -20,7 +20,7 @@ from sqlalchemy.pool import StaticPool
 
 from .._naming import TicketTable
 from ..errors import TicketsError
-from .base import ConnectParams, ReturningBackend, register_backend
+from .base import ConnectParams, Identity, ReturningBackend, register_backend
 
 EMBEDDED_SUFFIX = "-tickets"
 
@@ -121,6 +121,22 @@ class SQLiteBackend(ReturningBackend):
 
     def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
         return sa.insert(table).values(**row).prefix_with("OR IGNORE")
+
+    def identity(self, cursor: Any, dialect: Dialect, table: TicketTable) -> Identity | None:
+        # A file replaced by a copy is another inode; a table rebuilt gets another root page.
+        cursor.execute("SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name = ?",
+                       (table.name,))
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        cursor.execute("PRAGMA database_list")
+        path = next((r[2] for r in cursor.fetchall() if r[1] == "main"), "")
+        try:
+            info = os.stat(path) if path else None
+        except OSError:
+            info = None
+        lineage = f"file:{info.st_dev}:{info.st_ino}" if info is not None else "memory"
+        return Identity(lineage, "", f"rootpage:{row[0]}")
 
     def is_retryable(self, error: BaseException) -> bool:
         # Another writer held the file past the busy timeout.

@@ -40,6 +40,36 @@ class GivesBack(Protocol):
     def give_back(self, sequence: str | None, ids: range, *, bits: int = 64) -> int: ...
 
 
+@runtime_checkable
+class KeepsAbove(Protocol):
+    """A source that can be told ids already in use, so that it never issues them.
+
+    ``ensure_above(sequence, floor, bits=bits)`` makes every id issued from now on be above
+    ``floor``: ids it holds at or below are dropped, and a ticket table behind it (restored
+    from a backup, or new beside a table of existing rows) is moved above it. Returns whether
+    anything had to move or be dropped.
+    """
+
+    def ensure_above(self, sequence: str | None, floor: int, *, bits: int = 64) -> bool: ...
+
+
+def ensure_above_in(source: object, sequence: str | None, floor: int, bits: int = 64) -> bool:
+    """Tell ``source`` that ids up to ``floor`` are in use, if it can take it (see
+    :class:`KeepsAbove`); whether anything moved."""
+    if not isinstance(source, KeepsAbove):
+        return False
+    return bool(source.ensure_above(sequence, floor, bits=bits))
+
+
+def above(block: range, floor: int) -> range:
+    """The ids of ``block`` above ``floor``."""
+    if not block or block.start > floor:
+        return block
+    if block[-1] <= floor:
+        return block[len(block):]
+    return block[(floor - block.start) // block.step + 1 :]
+
+
 def check_ids(ids: object, bits: int) -> range:
     """Ids given back must be a ``range`` of increasing ids that a ``bits``-wide sequence can
     hold (an empty one is allowed: nothing to give back)."""

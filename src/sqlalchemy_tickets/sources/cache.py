@@ -33,7 +33,16 @@ from .. import _process
 from .. import metrics as _metrics
 from .._naming import check_bits, max_id, normalize_sequence
 from ..errors import ExhaustedError, TicketsError, TicketServerUnavailable
-from .base import TicketSource, as_runs, check_count, check_ids, coalesce, give_back_to
+from .base import (
+    TicketSource,
+    above,
+    as_runs,
+    check_count,
+    check_ids,
+    coalesce,
+    ensure_above_in,
+    give_back_to,
+)
 
 logger = logging.getLogger("sqlalchemy_tickets")
 
@@ -123,6 +132,8 @@ class _Lane:
     burned: int = 0
     given_back: int = 0  # ids given back to the source (on close)
     taken_back: int = 0  # ids a cache above gave back to this one, to be issued again
+    # Ids at or below it are in use (ensure_above): blocks still on their way are cut above it.
+    floor: int = 0
     # Set when close() has taken what the lane held: a block landing afterwards goes straight
     # back to the source, never into the lane (a caller could otherwise still be handed it).
     harvested: bool = False
@@ -351,6 +362,32 @@ class CachedSource:
         with lane.lock:
             lane.given_back += taken
         return taken
+
+    def ensure_above(self, sequence: str | None, floor: int, *, bits: int = 64) -> bool:
+        """Make every id issued from now on be above ``floor`` (ids known to be in use): the
+        ids held at or below it are dropped (counted as burned), and the source is told
+        too. Returns whether anything was dropped or moved."""
+        check_bits(bits)
+        if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
+            raise TicketsError(f"a floor is a number of ids >= 0, not {floor!r}")
+        lane = self._lane(sequence, bits)
+        with lane.lock:
+            dropped = 0
+            if floor > lane.floor:
+                lane.floor = floor
+                held = lane.take_all()
+                kept = [above(block, floor) for block in held]
+                dropped = sum(map(len, held)) - sum(map(len, kept))
+                kept = [block for block in kept if block]
+                lane.burned += dropped
+                lane.rest = kept[0] if kept else range(0)
+                lane.ahead.extend(kept[1:])
+                lane.changed.notify_all()
+        if dropped:
+            logger.warning("%s dropped %d ids of %s/%d at or below %d: they are in use",
+                           self, dropped, lane.sequence or "Tickets", bits, floor)
+        moved = ensure_above_in(self.source, lane.sequence, floor, bits)
+        return bool(dropped) or moved
 
     def _take_ready(self, lane: _Lane, count: int) -> range | None:
         """Up to ``count`` ids from the front of the ready deque, and on into the rest of the
@@ -693,7 +730,10 @@ class CachedSource:
 
     def _landed(self, lane: _Lane, block: range, took: float) -> None:
         """A refill brought ``block`` (lane lock held)."""
-        lane.ahead.append(block)
+        kept = above(block, lane.floor)
+        lane.burned += len(block) - len(kept)
+        if kept:
+            lane.ahead.append(kept)
         lane.refills += 1
         lane.latency = took if not lane.latency else 0.8 * lane.latency + 0.2 * took
         if lane.failures:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,13 +20,14 @@ from .._naming import (
     DEFAULT_TABLE_TEMPLATE,
     TicketTable,
     check_bits,
+    check_seconds,
     check_stride,
     check_table_template,
     ticket_table,
 )
 from ..dialects import TicketBackend, backend_for
 from ..dialects._connect import Bind, OwnEngine, to_url
-from ..dialects.base import TableInfo, TableSpec
+from ..dialects.base import Identity, TableInfo, TableSpec
 from ..errors import (
     ExhaustedError,
     StrideMismatchError,
@@ -33,6 +35,8 @@ from ..errors import (
     TicketServerUnavailable,
     UnknownSequenceError,
 )
+from . import _rewind
+from ._rewind import DEFAULT_REWIND_MARGIN, RewindPolicy
 from .base import check_count, check_ids
 
 logger = logging.getLogger("sqlalchemy_tickets")
@@ -55,7 +59,9 @@ def _after_fork_in_child() -> None:
     # A child must not share its parent's sockets; close=False leaves them to the parent.
     for server in list(_servers):
         server.own.dispose(close=False)
+        high = server._high
         server._reset_state()
+        server._high = dict(high)  # the parent's floors hold in the child too
 
 
 _process.after_fork_in_child(_after_fork_in_child)
@@ -74,10 +80,14 @@ _MISS_RETRIES = 5
 
 @dataclass(eq=False)
 class _Known:
-    """A table this server has seen, and the stride it was last seen with."""
+    """A table this server has seen, the stride it was last seen with, and its identity when
+    last checked (at ``checked`` on the clock, on the server's connection ``epoch``)."""
 
     table: TicketTable
     info: TableInfo
+    identity: Identity | None = None
+    checked: float = 0.0
+    epoch: int = 0
 
 
 def _close_quietly(cursor: Any) -> None:
@@ -112,6 +122,17 @@ class TicketServer:
             ``MyISAM``; Flickr's article shows both).
         embedded: keep the tables where the embedded default keeps an application engine's
             (SQLite: a sibling file); the ``Engine`` is then held weakly.
+        on_rewind: what to do when the database went back in time (restored, a replica
+            promoted that missed writes, a sequence below ids in use) and a floor is known
+            (the highest id this process issued, the other servers of a pair, the tables a
+            sequence serves): ``"heal"`` moves the sequence above it plus ``rewind_margin``,
+            logs a WARNING and counts it in ``stats()["rewinds"]``; ``"refuse"`` raises
+            :class:`~sqlalchemy_tickets.RewindError`, as both do when no floor is known. See
+            ``docs/rewinds.md``.
+        rewind_margin: how many ids above the floor a healed sequence starts.
+        identity_interval: seconds between checks of a table's identity on backends whose
+            take cannot check it itself (MySQL/MariaDB, SQLite); PostgreSQL checks it in every
+            take. Every new connection is checked too.
     """
 
     def __init__(
@@ -125,7 +146,13 @@ class TicketServer:
         pool_size: int = 5,
         storage_engine: str = "InnoDB",
         embedded: bool = False,
+        on_rewind: RewindPolicy = "heal",
+        rewind_margin: int = DEFAULT_REWIND_MARGIN,
+        identity_interval: float = 1.0,
     ) -> None:
+        self.on_rewind: RewindPolicy = _rewind.check_policy(on_rewind)
+        self.rewind_margin = _rewind.check_margin(rewind_margin)
+        self.identity_interval = check_seconds("identity_interval", identity_interval)
         #: The server's own engine and bounded round trip.
         self.own = OwnEngine(
             _sync_bind(bind),
@@ -145,6 +172,9 @@ class TicketServer:
         #: Where a table this server creates on first use starts: above what its peers issued
         #: (set by TicketServers), so a server added with an empty database cannot reissue ids.
         self.start_above: Callable[[TicketTable], int] | None = None
+        #: Floors kept outside this database (set by TicketServers: what the other servers of
+        #: the pair issued): a rewind is healed above the highest of them.
+        self.floors: list[Callable[[TicketTable], int | None]] = []
         self.backend: TicketBackend = self.own.backend
         self.engine: Engine = self.own.engine
         #: Whether the database takes transaction blocks (PgBouncer in statement pooling does not).
@@ -162,6 +192,14 @@ class TicketServer:
         self._idle: list[tuple[Any, Any]] = []
         self._issued = 0
         self._round_trips = 0
+        # Per table, the highest id issued here or known to be in use: no block may reach it.
+        self._high: dict[TicketTable, int] = {}
+        # Counts new connections: each may reach another database (a failover), so the
+        # identity of every known table is checked again before its next block.
+        self._epoch = 0
+        self._rewinds = 0
+        self._giving = threading.Lock()  # give-backs one at a time: each moves the mark
+        self._stamps = True  # False once the stamp table proved out of reach
 
     def __repr__(self) -> str:
         return f"TicketServer({self.url.render_as_string()!r})"
@@ -181,12 +219,44 @@ class TicketServer:
         known = self._known.get((sequence, bits))
         if known is None:
             known = self._first_contact(sequence, bits)
+        elif known.epoch != self._epoch or (
+            not self.backend.identity_in_block
+            and time.monotonic() - known.checked >= self.identity_interval
+        ):
+            self._check_identity(known)
+        table = known.table
+        for _ in range(_MISS_RETRIES):
+            # Read before the take: a block taken concurrently may land first and be higher.
+            high = self._high.get(table, 0)
+            epoch = self._epoch
+            block = self._take_block(known, count)
+            if self._epoch != epoch and self._check_identity(known):
+                continue  # taken on a new connection, from a database that changed: burned
+            # Above the mark as it was before the take (a concurrent block may have landed
+            # first, higher) or as it is now (a give-back may have lowered it since).
+            if block.start > high or block.start > self._high.get(table, 0):
+                with self._lock:
+                    self._issued += count
+                    if block[-1] > self._high.get(table, 0):
+                        self._high[table] = block[-1]
+                return block
+            # Ids at or below what this process issued: the database went back in time. The
+            # block is burned; the sequence moves above the floor, or RewindError.
+            self._rewound(known, f"it offered ids {block.start}..{block[-1]}, at or below "
+                          f"{high}, the highest id issued or known in use here")
+        raise TicketServerUnavailable(
+            f"{table.label} on {self} kept offering ids already issued; try again"
+        )
+
+    def _take_block(self, known: _Known, count: int) -> range:
+        try:
+            last = self._round_trip(self._take, known.table, count, known.info, known.identity)
+        except UnknownSequenceError:
+            known.epoch = -1  # dropped: maybe restored, so check its identity when it is back
+            raise
         info = known.info
-        last = self._round_trip(self._take, known.table, count, info)
         if last is None:
             info, last = self._after_miss(known, count)
-        with self._lock:
-            self._issued += count
         return range(last - (count - 1) * info.increment, last + 1, info.increment)
 
     def give_back(self, sequence: str | None, ids: range, *, bits: int = 64) -> int:
@@ -204,10 +274,68 @@ class TicketServer:
         info = known.info if known is not None else self._round_trip(self._describe, table)
         if info is None or ids.step != info.increment or (ids.start - info.offset) % ids.step:
             return 0
-        if not self._round_trip(self._give_back, table, ids, info):
+        with self._giving:
+            # If the block is this process's highest, every other id it issued is below
+            # ``ids``, which may come out again once taken back: the mark is lowered before
+            # the round trip (a take racing it must not see them as a rewind), and put back
+            # if the database refuses.
+            with self._lock:
+                high = self._high.get(table)
+                if high == ids[-1]:
+                    self._high[table] = ids.start - ids.step
+            taken = False
+            try:
+                taken = bool(self._round_trip(self._give_back, table, ids, info))
+            finally:
+                if not taken and high is not None:
+                    with self._lock:
+                        self._high[table] = max(self._high.get(table, 0), high)
+        if not taken:
             return 0
         logger.debug("%s took back %d ids of %s", self, len(ids), table.label)
         return len(ids)
+
+    def ensure_above(self, sequence: str | None, floor: int, *, bits: int = 64) -> bool:
+        """Make every id of ``sequence`` issued from now on be above ``floor`` (ids known to be
+        in use: the largest key of a table the sequence serves). A sequence at or below it went
+        back in time, or started below existing rows (a table moved from auto-increment): it
+        is moved above ``floor`` plus ``rewind_margin`` (``on_rewind="heal"``, one WARNING,
+        counted) or :class:`~sqlalchemy_tickets.RewindError` (``"refuse"``). Returns whether
+        the sequence had to move. One round trip; ``floor`` is remembered for later blocks."""
+        table = ticket_table(sequence, check_bits(bits), self.table_template)
+        if type(floor) is not int or floor < 0:
+            raise TicketsError(f"a floor is a number of ids >= 0, not {floor!r}")
+        with self._lock:
+            if floor > self._high.get(table, 0):
+                self._high[table] = floor
+        known = self._known.get((sequence, bits)) or self._first_contact(sequence, bits)
+        info = self._round_trip(self._describe, table)
+        if info is None or info.last_id is None or info.last_id + info.increment > floor:
+            return False
+        self._rewound(known, f"its next id ({info.last_id + info.increment}) is at or below "
+                      f"{floor}, an id already in use")
+        return True
+
+    def record_identity(self, sequence: str | None, *, bits: int = 64) -> Identity | None:
+        """Record the table's identity as it is now (after an operator moved the sequence above
+        every id in use: ``sqlalchemy-tickets sync``), so that processes that refused to issue
+        (:class:`~sqlalchemy_tickets.RewindError`) resume. Returns it (``None``: no table)."""
+        table = ticket_table(sequence, check_bits(bits), self.table_template)
+        live: Identity | None = self._round_trip(self._identity, table)
+        if live is not None:
+            info = self._round_trip(self._describe, table)
+            self._record(table, live, info.last_id if info is not None else None, strict=True)
+        return live
+
+    def identities(self, sequence: str | None, *, bits: int = 64) -> tuple[
+        Identity | None, Identity | None
+    ]:
+        """``(recorded, now)``: the identity recorded for the sequence's table and the one the
+        database shows (``None`` where there is none). They differ after a restore or a
+        failover that no process has seen yet."""
+        table = ticket_table(sequence, check_bits(bits), self.table_template)
+        live: Identity | None = self._round_trip(self._identity, table)
+        return self._stored_identity(table), live
 
     # -- administration -----------------------------------------------------------------------
 
@@ -272,9 +400,10 @@ class TicketServer:
         logger.info("created ticket table %s on %s", table.name, self)
 
     def stats(self) -> dict[str, int]:
-        """Ids issued and round trips made by this object (all sequences)."""
+        """Ids issued, round trips made and rewinds seen by this object (all sequences)."""
         with self._lock:
-            return {"issued": self._issued, "round_trips": self._round_trips}
+            return {"issued": self._issued, "round_trips": self._round_trips,
+                    "rewinds": self._rewinds}
 
     def close(self) -> None:
         """Close the server's connections (a later call opens new ones)."""
@@ -326,9 +455,116 @@ class TicketServer:
                 "issuing ids, or ids would be duplicated"
             )
         known = _Known(table, info)
+        # Before the table is known here: a rewind with no floor to heal above raises, and
+        # the next call checks again (after an operator's sync, it passes).
+        self._check_identity(known)
         with self._lock:
             self._known[sequence, bits] = known
         return known
+
+    def _check_identity(self, known: _Known) -> bool:
+        """Compare the table's identity with the one last seen (first contact: the one
+        recorded in the database); a change that may have lost issued ids is a rewind.
+        Returns whether there was one (healed: the sequence moved)."""
+        table = known.table
+        live: Identity | None = self._round_trip(self._identity, table)
+        epoch = self._epoch
+        if live is None:
+            return False  # no table: the take says so
+        rewound = False
+        reference = known.identity
+        if reference is None:
+            reference = self._stored_identity(table)
+        if reference is None:
+            self._record(table, live, known.info.last_id)
+        elif live.same(reference):
+            pass
+        elif live.promoted_from(reference):
+            logger.info("%s: %s is on %s now, after a failover to a synchronous standby (was "
+                        "%s): no issued id was lost", self, table.label, live, reference)
+            self._record(table, live, None)
+        else:
+            self._rewound(known, f"its identity changed from {reference} to {live} (restored "
+                          "from a backup, or a replica promoted)", live=live)
+            rewound = True
+        known.identity = live
+        known.checked = time.monotonic()
+        known.epoch = epoch
+        return rewound
+
+    def _floors(self, table: TicketTable) -> list[int]:
+        """What is known to be issued or in use, from this process and outside the database."""
+        found = [self._high[table]] if table in self._high else []
+        for floor in self.floors:
+            try:
+                value = floor(table)
+            except TicketsError as error:
+                logger.debug("a floor of %s is out of reach: %s", table.label, error)
+                continue
+            if value is not None:
+                found.append(value)
+        return found
+
+    def _rewound(self, known: _Known, seen: str, live: Identity | None = None) -> None:
+        """The database went back in time for ``known``: move the sequence above the highest
+        floor plus the margin (``on_rewind="heal"``), or raise :class:`RewindError`."""
+        table = known.table
+        floors = self._floors(table)
+        if self.on_rewind == "refuse" or not floors:
+            raise _rewind.refusal(repr(self), self.url.render_as_string(hide_password=True),
+                                  table, seen, floors)
+        floor = max(floors)
+        target = min(floor + self.rewind_margin * known.info.increment, table.max_id)
+        t = self.backend.table(TableSpec(table))
+        with self.own.connect() as conn:
+            conn.execute(self.backend.raise_floor_statement(t, target))
+        with self._lock:
+            self._rewinds += 1
+            if floor > self._high.get(table, 0):
+                self._high[table] = floor
+        _rewind.counted(table)
+        logger.warning(
+            "%s: %s went back in time: %s; moved it above %d (the highest id known in use, "
+            "%d, plus a margin): no id is issued twice", self, table.label, seen, target, floor,
+        )
+        if live is not None:
+            self._record(table, live, target)
+
+    def _stored_identity(self, table: TicketTable) -> Identity | None:
+        if not self._stamps:
+            return None
+        try:
+            with self.own.connect() as conn:
+                return self.backend.read_stamp(conn, table)
+        except sa_exc.DBAPIError as error:
+            self._stamps_out_of_reach(error)
+            return None
+
+    def _record(
+        self, table: TicketTable, live: Identity, last_id: int | None, *, strict: bool = False
+    ) -> None:
+        if not self._stamps and not strict:
+            return
+        for attempt in (1, 2):
+            try:
+                with self.own.connect() as conn:
+                    self.backend.record_stamp(conn, table, live, last_id)
+                return
+            except sa_exc.IntegrityError:
+                if attempt == 2:  # a concurrent creator of the stamp table won; once more
+                    raise
+            except sa_exc.DBAPIError as error:
+                if strict:
+                    raise self.own.unavailable(error) from error
+                self._stamps_out_of_reach(error)
+                return
+
+    def _stamps_out_of_reach(self, error: BaseException) -> None:
+        self._stamps = False
+        logger.warning(
+            "%s cannot keep identities in its stamp table (%s): a restore or a failover is "
+            "noticed only by processes that issued ids before it", self, error,
+        )
 
     def _check_paused(self, table: TicketTable, info: TableInfo) -> None:
         if info.offset == PAUSED_OFFSET:
@@ -348,6 +584,8 @@ class TicketServer:
         last id."""
         table = known.table
         for _ in range(_MISS_RETRIES):
+            if known.identity is not None and self.backend.identity_in_block:
+                self._check_identity(known)  # the take refuses a table whose identity changed
             info = self._round_trip(self._describe, table)
             if info is not None and info.last_id is not None and not table.flickr:
                 old = known.info
@@ -418,8 +656,18 @@ class TicketServer:
         )
         known.info = info
 
-    def _take(self, cursor: Any, table: TicketTable, count: int, info: TableInfo) -> int | None:
-        return self.backend.take_block(cursor, self.engine.dialect, table, count, info)
+    def _take(
+        self,
+        cursor: Any,
+        table: TicketTable,
+        count: int,
+        info: TableInfo,
+        identity: Identity | None = None,
+    ) -> int | None:
+        return self.backend.take_block(cursor, self.engine.dialect, table, count, info, identity)
+
+    def _identity(self, cursor: Any, table: TicketTable) -> Identity | None:
+        return self.backend.identity(cursor, self.engine.dialect, table)
 
     def _give_back(self, cursor: Any, table: TicketTable, ids: range, info: TableInfo) -> bool:
         return self.backend.give_back_block(cursor, self.engine.dialect, table, ids, info)
@@ -442,6 +690,8 @@ class TicketServer:
             self._round_trips += 1
             held = self._idle.pop() if self._idle else None
         if held is None:
+            with self._lock:
+                self._epoch += 1
             conn = self.own.raw_connection()
             try:
                 cursor = conn.cursor()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -66,8 +67,10 @@ class TicketServers:
                 )
             members.append(_Member(member))
         self._members = members
+        this = weakref.ref(self)
         for joined in members:
             joined.server.start_above = self._highest_elsewhere
+            joined.server.floors.append(_peers_floor(this, joined.server))
         self._backoff = backoff
         self._max_backoff = max_backoff
         self._clock = clock
@@ -146,6 +149,18 @@ class TicketServers:
             return 0
         return self._members[(ids.start - 1) % n].server.give_back(sequence, ids, bits=bits)
 
+    def ensure_above(self, sequence: str | None, floor: int, *, bits: int = 64) -> bool:
+        """Make every id issued from now on by every server be above ``floor`` (see
+        :meth:`TicketServer.ensure_above`). A server that does not answer keeps the floor and
+        checks it on its next block. Returns whether any sequence had to move."""
+        moved = False
+        for member in self._members:
+            try:
+                moved = member.server.ensure_above(sequence, floor, bits=bits) or moved
+            except TicketServerUnavailable as error:
+                self._failed(member, error)
+        return moved
+
     def _highest_elsewhere(self, table: TicketTable) -> int:
         """The highest id the servers that answer have issued for ``table``: a server that
         creates the table on first use starts above it."""
@@ -160,10 +175,9 @@ class TicketServers:
         return highest
 
     def stats(self) -> dict[str, int]:
-        """Ids issued and round trips made through these servers (all sequences): the same
-        counters as :meth:`TicketServer.stats` and :meth:`CachedSource.stats`, summed over the
-        servers."""
-        total = {"issued": 0, "round_trips": 0}
+        """Ids issued, round trips made and rewinds seen through these servers (all
+        sequences): the counters of :meth:`TicketServer.stats`, summed over the servers."""
+        total = {"issued": 0, "round_trips": 0, "rewinds": 0}
         for member in self._members:
             for key, value in member.server.stats().items():
                 total[key] = total.get(key, 0) + value
@@ -206,3 +220,29 @@ class TicketServers:
             member.failures = 0
             member.down_until = 0.0
         logger.info("%s answers again", member.server)
+
+
+def _peers_floor(
+    servers: weakref.ref[TicketServers], server: TicketServer
+) -> Callable[[TicketTable], int | None]:
+    """A floor for ``server`` kept outside its database: the highest id its peers issued. A
+    server restored from a backup is behind the other servers of its pair, which issued ids
+    beside it all along (a reference that is weak: the servers do not keep their list)."""
+
+    def floor(table: TicketTable) -> int | None:
+        found = servers()
+        if found is None:
+            return None
+        highest: int | None = None
+        for member in found._members:
+            if member.server is server:
+                continue
+            try:
+                info = member.server.describe(table.sequence, bits=table.bits)
+            except TicketsError:
+                continue
+            if info is not None and info.last_id is not None:
+                highest = max(highest or 0, info.last_id)
+        return highest
+
+    return floor
