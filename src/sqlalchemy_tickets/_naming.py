@@ -140,6 +140,8 @@ def check_stride(start: int, increment: int, offset: int, bits: int) -> None:
 #: Where each ticket table's identity is recorded (one table per database, see ``docs/rewinds.md``):
 #: a single underscore keeps it apart from every sequence table of the default template.
 STAMP_TABLE = "tickets_stamps"
+#: The longest key of a row there (a tier's upstream lane names its tables and sequence).
+STAMP_NAME_LENGTH = 200
 
 
 #: Where a :class:`~sqlalchemy_tickets.sources.datacenter.DatacenterTier` keeps its stock: two

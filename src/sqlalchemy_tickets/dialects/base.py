@@ -21,7 +21,7 @@ from sqlalchemy.engine import URL, Dialect
 
 from .._naming import (
     MAX_SEQUENCE_LENGTH,
-    MAX_TABLE_NAME_LENGTH,
+    STAMP_NAME_LENGTH,
     STAMP_TABLE,
     TicketTable,
     TierTables,
@@ -374,7 +374,7 @@ class TicketBackend:
         return [
             sa.schema.DropTable(self.table(spec), if_exists=True),
             sa.schema.CreateTable(stamps, if_not_exists=True),
-            sa.delete(stamps).where(stamps.c.table_name == spec.table.name),
+            sa.delete(stamps).where(stamps.c.name == spec.table.name),
         ]
 
     def stride_of(self, t: sa.Table) -> tuple[sa.ColumnElement[int], sa.ColumnElement[int]]:
@@ -435,17 +435,25 @@ class TicketBackend:
         """The identity of ``table`` as the database shows it now (``None``: no such table)."""
         raise NotImplementedError
 
+    def identity_columns(self, name: str) -> list[sa.ColumnElement[Any]]:
+        """Scalar SQL expressions that change when the table ``name`` is restored or its
+        database fails over, cheap enough to add to a statement that runs anyway (a datacenter
+        tier's take); empty where there are none."""
+        return []
+
     def stamp_table(self, metadata: sa.MetaData | None = None) -> sa.Table:
-        """The table where each ticket table's identity is recorded (one per database)."""
+        """What the library records about this database to notice that it went back in time:
+        each ticket table's and datacenter tier's identity (``stamp``, keyed by table name),
+        and the highest id a tier stored from each upstream lane (``last_id``)."""
         metadata = metadata if metadata is not None else sa.MetaData()
         return sa.Table(
             STAMP_TABLE,
             metadata,
-            sa.Column("table_name", sa.String(MAX_TABLE_NAME_LENGTH), primary_key=True),
-            sa.Column("stamp", sa.String(255), nullable=False),
+            sa.Column("name", sa.String(STAMP_NAME_LENGTH), primary_key=True),
+            sa.Column("stamp", sa.String(255), nullable=False, server_default=""),
             sa.Column("synchronous", sa.SmallInteger, nullable=False, server_default="0"),
             sa.Column("last_id", sa.BigInteger, nullable=True),
-            comment="sqlalchemy-tickets: the identity of each ticket table, to notice rewinds",
+            comment="sqlalchemy-tickets: identities and high-water marks, to notice rewinds",
             **self.tier_table_options(),
         )
 
@@ -454,7 +462,7 @@ class TicketBackend:
         t = self.stamp_table()
         try:
             row = connection.execute(
-                sa.select(t.c.stamp, t.c.synchronous).where(t.c.table_name == table.name)
+                sa.select(t.c.stamp, t.c.synchronous).where(t.c.name == table.name)
             ).first()
         except sa.exc.DBAPIError as error:
             if error.orig is not None and self.is_missing_table(error.orig):
@@ -477,8 +485,8 @@ class TicketBackend:
             "synchronous": int(identity.synchronous),
             "last_id": last_id,
         }
-        connection.execute(self.insert_seed(t, {"table_name": table.name, **values}))
-        connection.execute(sa.update(t).where(t.c.table_name == table.name).values(**values))
+        connection.execute(self.insert_seed(t, {"name": table.name, **values}))
+        connection.execute(sa.update(t).where(t.c.name == table.name).values(**values))
 
     # -- datacenter tiers ----------------------------------------------------------------
 

@@ -217,6 +217,13 @@ class MySQLBackend(TicketBackend):
             return None
         return Identity("mysql", f"server_id:{server_id}", f"created:{created}")
 
+    def identity_columns(self, name: str) -> list[sa.ColumnElement[Any]]:
+        created = sa.text(
+            "SELECT CREATE_TIME FROM information_schema.TABLES "
+            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :guarded_name"
+        ).bindparams(guarded_name=name).columns(CREATE_TIME=sa.DateTime).scalar_subquery()
+        return [sa.literal_column("@@server_id"), created]
+
     def is_retryable(self, error: BaseException) -> bool:
         if not type(error).__module__.startswith("pymysql"):
             return False

@@ -69,6 +69,10 @@ class PostgreSQLBackend(ReturningBackend):
         return Identity(f"pg:{sysid}", f"timeline:{int(timeline, 16)}", f"oid:{oid}",
                         bool(synchronous))
 
+    def identity_columns(self, name: str) -> list[sa.ColumnElement[Any]]:
+        oid = sa.func.to_regclass(sa.func.quote_ident(sa.literal(name, sa.Text)))
+        return [sa.cast(sa.cast(oid, postgresql.OID), sa.BigInteger), sa.literal_column(_TIMELINE)]
+
     def identity_guards(self, identity: Identity) -> dict[str, Any]:
         return {
             "guard_table": int(identity.table.partition(":")[2]),

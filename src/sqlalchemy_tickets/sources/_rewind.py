@@ -69,7 +69,7 @@ def counts() -> dict[str, int]:
 
 
 def refusal(
-    server: str, url: str, table: TicketTable, seen: str, floors: Iterable[int]
+    server: str, url: str | None, table: TicketTable, seen: str, floors: Iterable[int]
 ) -> RewindError:
     """The :class:`RewindError` for a rewind of ``table`` on ``server``: what was seen, and
     the one command that fixes it."""
@@ -80,6 +80,7 @@ def refusal(
         else "the highest id ever issued (e.g. max(id) of the tables the sequence serves)"
     )
     sequence = table.sequence or f"--flickr --bits {table.bits}"
+    url = url or "<its URL>"
     return RewindError(
         f"{table.label} on {server} went back in time: {seen}. Nothing was issued. Move the "
         f"sequence above every id already in use with `sqlalchemy-tickets sync --url {url} "

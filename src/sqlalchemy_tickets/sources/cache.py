@@ -455,6 +455,10 @@ class CachedSource:
                 "burned", "given_back", "taken_back",
             )
         }
+        # Rewinds are seen (and healed) by the source beneath: its count, for one place to look.
+        beneath = getattr(self.source, "stats", None)
+        found = beneath().get("rewinds", 0) if callable(beneath) else 0
+        total["rewinds"] = found if isinstance(found, int) else 0
         total["rate"] = sum(s["rate"] for s in per.values())
         total["block_size"] = max((s["block_size"] for s in per.values()), default=0)
         total["sequences"] = per

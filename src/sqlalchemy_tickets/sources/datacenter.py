@@ -46,6 +46,21 @@ sizes from the same figure; it rises at once with a spike and forgets it over ``
 (as :class:`~sqlalchemy_tickets.CachedSource`'s): ids in stock are durable, so stocking for a
 spike costs id space, not ids lost on a restart.
 
+**Rewinds.** Two databases can go back in time under a tier (``docs/rewinds.md``):
+
+* *upstream* (a global ticket server restored from a backup, or a replica promoted that missed
+  writes) offers ids the tier already stored. The tier records, per upstream lane (the stride
+  and residue of the blocks: one lane per server of an odd/even pair), the highest id it ever
+  stored, in ``tickets_stamps`` of its own database, beside the store in one transaction; a
+  block at or below it is refused (burned), upstream is told to move above it
+  (``ensure_above``) and the refill asks again.
+* *its own database* (restored, or a lagging replica promoted) brings back ranges already
+  issued. Its identity (``Identity``) is recorded in ``tickets_stamps``, checked in every take
+  (the expressions of ``identity_columns`` read with the state row), on each new connection and
+  at ``identity_interval``; when it changed, the first process to see it discards the whole stock
+  (a compare-and-set on the recorded identity, so it happens once) and refills from upstream,
+  which never rewound. Nobody needs to act.
+
 **Which clock.** Everything shared — the rate's samples and the claims' expiry — uses the database
 server's clock, read in the same statements: the one clock every process on every host agrees
 on, whatever their own clocks say. Local monotonic clocks only bound local waits (``timeout``,
@@ -83,15 +98,18 @@ from .._naming import (
     tier_tables,
 )
 from ..dialects._connect import Bind, OwnEngine
-from ..dialects.base import TicketBackend
+from ..dialects.base import Identity, TicketBackend
 from ..errors import (
     DatabaseUnavailable,
     ExhaustedError,
+    RewindError,
     TicketsError,
     TicketServerUnavailable,
     UnknownSequenceError,
 )
-from .base import TicketSource, check_count
+from . import _rewind
+from ._rewind import RewindPolicy
+from .base import KeepsAbove, TicketSource, above, check_count, ensure_above_in
 from .lease import db_now_ms
 from .server import _sync_bind
 
@@ -139,6 +157,18 @@ class _MissingTables(Exception):
 
 class _NoState(Exception):
     """The sequence has no state row yet."""
+
+
+class _Moved(Exception):
+    """The tier's database is not the one this process last saw (restored, failed over)."""
+
+
+class _UpstreamRewound(Exception):
+    """Upstream offered ids at or below the highest the tier stored from that lane."""
+
+    def __init__(self, high: int) -> None:
+        super().__init__(high)
+        self.high = high
 
 
 # -- tables ------------------------------------------------------------------------------------
@@ -200,6 +230,8 @@ def _create(own: OwnEngine, names: TierTables) -> None:
             with own.connect() as conn, own.backend.creating(conn, lock, own.timeout):
                 for statement in own.backend.tier_statements(names):
                     conn.execute(statement)
+                # Where the tier records its identity and its upstream lanes' marks.
+                conn.execute(sa.schema.CreateTable(own.backend.stamp_table(), if_not_exists=True))
             break
         except sa_exc.IntegrityError:
             # PostgreSQL: a creator that does not take the creation lock (a migration) won
@@ -350,6 +382,8 @@ class _Lane:
     error: BaseException | None = None
     failures: int = 0
     stored: int = 0  # blocks this process stored: what a waiting caller waits for
+    floor: int = 0  # ids up to here are in use (ensure_above): upstream must offer above it
+    told: bool = False  # upstream was told the marks of this lane, in this process
     # Counters.
     issued: int = 0
     round_trips: int = 0
@@ -361,6 +395,7 @@ class _Lane:
     burned: int = 0
     given_back: int = 0
     blocking_waits: int = 0
+    rewinds: int = 0  # blocks upstream offered at or below what the tier stored from it
     #: Notified for the refiller (due, closed), and for callers waiting on an empty stock
     #: (a block stored, a range given back, a refill failed, closed).
     changed: threading.Condition = field(init=False)
@@ -405,6 +440,13 @@ class DatacenterTier:
         table_prefix: the tier's tables are ``<prefix>__stock`` and ``<prefix>__state``.
         create_missing: create the tables on first use (else :class:`UnknownSequenceError`).
         pool_size: connections kept open to ``bind``.
+        on_rewind: when upstream offers ids at or below the highest the tier stored from it
+            (a global server restored or failed over): ``"heal"`` tells upstream to move above
+            it (``ensure_above``) and asks again; ``"refuse"`` stops refilling that sequence
+            with :class:`~sqlalchemy_tickets.RewindError` until an operator's ``sync``.
+            A rewind of the tier's own database always discards its stock and refills.
+        identity_interval: seconds between checks of the tier database's identity beyond
+            those made in every take and on every new connection.
     """
 
     def __init__(
@@ -425,7 +467,11 @@ class DatacenterTier:
         table_prefix: str = DEFAULT_TIER_PREFIX,
         create_missing: bool = True,
         pool_size: int = 5,
+        on_rewind: RewindPolicy = "heal",
+        identity_interval: float = 1.0,
     ) -> None:
+        self.on_rewind: RewindPolicy = _rewind.check_policy(on_rewind)
+        self.identity_interval = check_seconds("identity_interval", identity_interval)
         if not isinstance(upstream, TicketSource):
             raise TicketsError(f"{upstream!r} is not a ticket source (needs next_id, next_block)")
         for label, value in (
@@ -473,7 +519,11 @@ class DatacenterTier:
         self.max_backoff = float(max_backoff)
         self.create_missing = create_missing
         self._stock, self._state = self.backend.tier_tables(self.names)
+        self._stamps = self.backend.stamp_table()
+        self._guard_columns = self.backend.identity_columns(self.names.state)
         self._reset_state()
+        # A new connection may reach another database (a failover behind the same name).
+        sa.event.listen(self.own.engine, "connect", self._connected)
         with _tiers_lock:
             _tiers.add(self)
 
@@ -484,7 +534,18 @@ class DatacenterTier:
         self._closed = threading.Event()
         #: Who this process is in a claim row: host, pid, and a token (pids are reused).
         self.owner = f"{socket.gethostname()[:32]}:{os.getpid()}:{secrets.token_hex(6)}"[-64:]
+        # The tier database's identity as last checked, what ``identity_columns`` read then,
+        # when (monotonic) and on which connection epoch.
+        self._identity: Identity | None = None
+        self._guard: tuple[Any, ...] | None = None
+        self._checked = 0.0
+        self._epoch = 0
+        self._checked_epoch = -1
+        self._rewinds = 0  # times this process found the tier's own database rewound
+        self._created = False  # _create ran in this process
 
+    def _connected(self, dbapi_connection: Any, record: Any) -> None:
+        self._epoch += 1
     def __repr__(self) -> str:
         return f"DatacenterTier({self.url.render_as_string()!r}, upstream={self.upstream!r})"
 
@@ -529,6 +590,8 @@ class DatacenterTier:
                     lane.not_before = min(lane.not_before, now + self.backoff)
                 error = lane.error
             if now >= deadline or self._closed.is_set():
+                if isinstance(error, RewindError):
+                    raise error
                 reason = f": {error}" if error is not None else ""
                 state = " (the tier is closed)" if self._closed.is_set() else ""
                 raise TicketServerUnavailable(
@@ -622,7 +685,7 @@ class DatacenterTier:
         """This process's counters, in total and per sequence (keyed ``name/bits``)."""
         keys = (
             "issued", "round_trips", "upstream_round_trips", "refills", "refilled", "claims",
-            "claims_lost", "burned", "given_back", "blocking_waits", "failures",
+            "claims_lost", "burned", "given_back", "blocking_waits", "failures", "rewinds",
         )
         per: dict[str, dict[str, Any]] = {}
         for lane in self._distinct_lanes():
@@ -631,6 +694,11 @@ class DatacenterTier:
                 figures["error"] = None if lane.error is None else str(lane.error)
             per[f"{lane.sequence or 'Tickets'}/{lane.bits}"] = figures
         total: dict[str, Any] = {key: sum(p[key] for p in per.values()) for key in keys}
+        total["rewinds"] += self._rewinds
+        # Rewinds upstream healed itself are counted there: one figure for the whole path.
+        beneath = getattr(self.upstream, "stats", None)
+        found = beneath().get("rewinds", 0) if callable(beneath) else 0
+        total["rewinds"] += found if isinstance(found, int) else 0
         total["sequences"] = per
         return total
 
@@ -737,11 +805,17 @@ class DatacenterTier:
         for _ in range(3):
             if not lane.ready:
                 self._ensure(lane)
+            if self._checked_epoch != self._epoch or (
+                time.monotonic() - self._checked >= self.identity_interval
+            ):
+                self._verify_identity()
             try:
                 with self._unit() as conn:
                     return work(conn)
             except (_MissingTables, _NoState):
                 lane.ready = False
+            except _Moved:
+                self._checked_epoch = -1  # checked (and its stock discarded) before the next
         raise TicketServerUnavailable(
             f"{self}: the tables of {lane.sequence or 'Tickets'}/{lane.bits} went away under "
             "every attempt to use them; try again"
@@ -749,6 +823,11 @@ class DatacenterTier:
 
     def _ensure(self, lane: _Lane) -> None:
         """The sequence's state row (and the tables) exist: made on first use, race-free."""
+        if self.create_missing and not self._created:
+            # Once per process, even where the tier's tables exist: its stamp table may not
+            # (tables made by an older release, or by a migration).
+            _create(self.own, self.names)
+            self._created = True
         row = {"sequence_name": lane.name, "bits": lane.bits}
         seed = self.backend.insert_seed(self._state, row)
         for attempt in (1, 2):
@@ -781,12 +860,15 @@ class DatacenterTier:
         def work(conn: sa.Connection) -> range | None:
             row = conn.execute(
                 sa.select(
+                    *self._guard_columns,
                     state.c.stock, state.c.issued, state.c.rate, state.c.rate_at,
                     state.c.rate_count, state.c.exhausted, db_now_ms(),
                 ).where(*self._state_key(lane)).with_for_update()
             ).one_or_none()
             if row is None:
                 raise _NoState
+            if self._guard is not None and tuple(row[: len(self._guard)]) != self._guard:
+                raise _Moved  # restored or failed over since the last check: nothing taken
             outcome["exhausted"] = bool(row.exhausted)
             outcome["rate"] = float(row.rate)
             outcome["stock"] = int(row.stock)
@@ -926,6 +1008,13 @@ class DatacenterTier:
             return
         got = 0
         try:
+            if not lane.told:
+                # A fresh process over a restored upstream server: the marks are the floor it
+                # heals above (it knows none of its own yet).
+                high = self._highest_mark(lane)
+                if high:
+                    ensure_above_in(self.upstream, lane.sequence, high, lane.bits)
+                lane.told = True
             while got < size and not self._closed.is_set():
                 ask = min(size - got, self.max_block)
                 try:
@@ -943,7 +1032,11 @@ class DatacenterTier:
                     lane.upstream_round_trips += 1
                 if len(block) == 0:
                     raise TicketsError(f"{self.upstream!r} returned an empty block")
-                held = self._store(lane, block)
+                try:
+                    held = self._store(lane, block)
+                except _UpstreamRewound as rewound:
+                    self._upstream_rewound(lane, block, rewound.high)
+                    continue
                 got += len(block)
                 if not held:
                     with lane.lock:
@@ -1044,6 +1137,7 @@ class DatacenterTier:
             if row is None:
                 raise _NoState
             now = int(row[-1])
+            self._check_mark(conn, lane, block)
             conn.execute(
                 sa.insert(stock).values(
                     sequence_name=lane.name, bits=lane.bits, kind=1,
@@ -1089,6 +1183,164 @@ class DatacenterTier:
             lane.stored += 1
             lane.arrived.notify_all()
         return held
+
+    # -- internals: rewinds -------------------------------------------------------------------
+
+    def _mark_name(self, lane: _Lane, block: range) -> str:
+        """The key of an upstream lane's high-water mark in the stamp table."""
+        return (f"upstream:{self.names.state}:{lane.name}/{lane.bits}:"
+                f"{block.step}:{block.start % block.step}")
+
+    def _highest_mark(self, lane: _Lane) -> int:
+        """The highest id the tier ever stored of this sequence, over its upstream lanes."""
+        stamps = self._stamps
+        prefix = f"upstream:{self.names.state}:{lane.name}/{lane.bits}:"
+        try:
+            with self.own.connect() as conn:
+                rows = conn.execute(
+                    sa.select(stamps.c.name, stamps.c.last_id).where(
+                        stamps.c.name.startswith(prefix, autoescape=True)
+                    )
+                ).all()
+        except sa_exc.DBAPIError as error:
+            raise self.own.unavailable(error) from error
+        return max((int(r.last_id) for r in rows if r.last_id is not None), default=0)
+
+    def _check_mark(self, conn: sa.Connection, lane: _Lane, block: range) -> None:
+        """Refuse a block at or below what the tier stored from its upstream lane (or below
+        a floor it was told of); record its end as the lane's new mark (same transaction)."""
+        stamps = self._stamps
+        key = self._mark_name(lane, block)
+        mark = conn.execute(
+            sa.select(stamps.c.last_id).where(stamps.c.name == key).with_for_update()
+        ).scalar_one_or_none()
+        high = max(int(mark or 0), lane.floor)
+        if block.start <= high:
+            raise _UpstreamRewound(high)
+        if mark is None:
+            conn.execute(self.backend.insert_seed(stamps, {"name": key, "last_id": block[-1]}))
+        conn.execute(sa.update(stamps).where(stamps.c.name == key).values(last_id=block[-1]))
+
+    def _upstream_rewound(self, lane: _Lane, block: range, high: int) -> None:
+        """Upstream offered ``block``, at or below ``high``: it went back in time. The block is
+        burned; upstream is told to move above ``high`` (heal), or RewindError (refuse)."""
+        with lane.lock:
+            lane.burned += len(block)
+            lane.rewinds += 1
+        table = TicketTable(lane.sequence, lane.bits, lane.name)
+        _rewind.counted(table)
+        seen = (f"{self.upstream!r} offered ids {block.start}..{block[-1]}, at or below "
+                f"{high}, the highest this datacenter tier stored from it")
+        if self.on_rewind == "refuse" or not isinstance(self.upstream, KeepsAbove):
+            raise _rewind.refusal(repr(self.upstream), None, table, seen, [high])
+        self.upstream.ensure_above(lane.sequence, high, bits=lane.bits)
+        logger.warning("%s: %s went back in time upstream: %s; told it to move above %d: no id "
+                       "is issued twice", self, table.label, seen, high)
+
+    def _verify_identity(self) -> None:
+        """Check the tier database's identity; if it changed (restored, failed over), discard
+        the stock once, whichever process sees it first, and record the new identity."""
+        name = self.names.state
+        pseudo = TicketTable(None, 64, name)  # the stamp of the tier is keyed by its state table
+        try:
+            with self._unit() as conn:
+                cursor = conn.connection.cursor()
+                try:
+                    live = self.backend.identity(cursor, self.own.engine.dialect, pseudo)
+                finally:
+                    cursor.close()
+                if live is None:
+                    return  # the tables are not there yet
+                guard = tuple(conn.execute(sa.select(*self._guard_columns)).one()) if (
+                    self._guard_columns) else ()
+                stored = self.backend.read_stamp(conn, pseudo)
+                reference = self._identity or stored
+                discarded = None
+                if reference is None:
+                    self.backend.record_stamp(conn, pseudo, live, None)
+                elif live.same(reference) or live.promoted_from(reference):
+                    if stored is None or not stored.same(live):
+                        self.backend.record_stamp(conn, pseudo, live, None)
+                elif stored is not None and stored.same(live):
+                    pass  # another process saw it first and discarded the stock
+                else:
+                    discarded = self._discard_stock(conn, pseudo, live, reference)
+        except (_MissingTables, sa_exc.DBAPIError, DatabaseUnavailable) as error:
+            logger.debug("%s: identity check failed: %s", self, error)
+            return
+        if discarded is not None:
+            self._rewinds += 1
+            logger.warning(
+                "%s: the datacenter database went back in time (its identity changed from %s "
+                "to %s: restored, or a replica promoted): discarded its stock (%d ids, some "
+                "possibly issued already) and refills from upstream: no id is issued twice",
+                self, reference, live, discarded,
+            )
+            for lane in self._distinct_lanes():
+                self._wake(lane)
+        self._identity, self._guard = live, guard
+        self._checked = time.monotonic()
+        self._checked_epoch = self._epoch
+
+    def _discard_stock(
+        self, conn: sa.Connection, pseudo: TicketTable, live: Identity, reference: Identity
+    ) -> int:
+        """Every range in stock, of every sequence, deleted; the identity recorded. Returns
+        how many ids went."""
+        state, stock = self._state, self._stock
+        conn.execute(sa.select(state.c.stock).with_for_update()).all()  # every writer waits
+        dropped = int(conn.execute(
+            sa.select(sa.func.coalesce(sa.func.sum(state.c.stock), 0))
+        ).scalar_one())
+        conn.execute(sa.delete(stock))
+        conn.execute(sa.update(state).values(stock=0))
+        self.backend.record_stamp(conn, pseudo, live, None)
+        return dropped
+
+    def ensure_above(self, sequence: str | None, floor: int, *, bits: int = 64) -> bool:
+        """Make every id issued from now on be above ``floor`` (ids known to be in use): the
+        ranges in stock at or below it are dropped, upstream is told too, and blocks it offers
+        at or below are refused. Returns whether anything was dropped or moved."""
+        lane = self._lane(sequence, bits)
+        if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
+            raise TicketsError(f"a floor is a number of ids >= 0, not {floor!r}")
+        with lane.lock:
+            lane.floor = max(lane.floor, floor)
+        state, stock = self._state, self._stock
+
+        def work(conn: sa.Connection) -> int:
+            if conn.execute(
+                sa.select(state.c.stock).where(*self._state_key(lane)).with_for_update()
+            ).one_or_none() is None:
+                raise _NoState
+            rows = conn.execute(
+                sa.select(stock.c.kind, stock.c.first_id, stock.c.last_id, stock.c.step)
+                .where(*self._stock_key(lane), stock.c.first_id <= floor)
+            ).all()
+            dropped = 0
+            for r in rows:
+                ids = range(int(r.first_id), int(r.last_id) + 1, int(r.step))
+                kept = above(ids, floor)
+                dropped += len(ids) - len(kept)
+                where = [*self._stock_key(lane), stock.c.kind == r.kind,
+                         stock.c.first_id == r.first_id]
+                if kept:
+                    conn.execute(sa.update(stock).where(*where).values(first_id=kept.start))
+                else:
+                    conn.execute(sa.delete(stock).where(*where))
+            if dropped:
+                conn.execute(sa.update(state).where(*self._state_key(lane))
+                             .values(stock=state.c.stock - dropped))
+            return dropped
+
+        dropped: int = self._transaction(lane, work)
+        if dropped:
+            with lane.lock:
+                lane.burned += dropped
+            logger.warning("%s dropped %d ids of %s/%d at or below %d from its stock: they are "
+                           "in use", self, dropped, lane.sequence or "Tickets", lane.bits, floor)
+        moved = ensure_above_in(self.upstream, lane.sequence, floor, lane.bits)
+        return bool(dropped) or moved
 
     def _release(self, lane: _Lane) -> None:
         state = self._state
