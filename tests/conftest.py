@@ -37,6 +37,11 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
+from support.galera import (  # noqa: E402
+    GaleraCluster,
+    galera_unavailable_reason,
+    start_galera_cluster,
+)
 from support.servers import (  # noqa: E402
     ServerProcess,
     start_private_mariadb,
@@ -433,3 +438,25 @@ def private_mariadb_factory(
             _unavailable(f"cannot start a private MariaDB server: {exc}")
 
     return factory
+
+
+@pytest.fixture(scope="session")
+def galera_cluster() -> Iterator[GaleraCluster]:
+    """A 3-node MariaDB Galera cluster shared by the session, started from the installed
+    binaries on first use (tests that kill a node rejoin it before they return). Missing
+    Galera packages skip, or fail under ``TICKETS_TEST_REQUIRE_ALL=1`` / ``CI``."""
+    reason = galera_unavailable_reason()
+    if reason is not None:
+        _unavailable(f"Galera unavailable: {reason}")
+    # Not tmp_path: the state transfer's rsync daemon runs as nobody, which cannot enter
+    # pytest's 0700 base directory when the suite runs as root.
+    workdir = Path(tempfile.mkdtemp(prefix="tickets-galera-"))
+    try:
+        try:
+            cluster = start_galera_cluster(workdir)
+        except Exception as exc:
+            _unavailable(f"cannot start a Galera cluster: {exc}")
+        with cluster:
+            yield cluster
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

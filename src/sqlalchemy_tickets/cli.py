@@ -425,6 +425,10 @@ def _init(args: argparse.Namespace) -> int:
     alone = args.worker_leases or args.datacenter_tier  # no sequence named: only those tables
     names: list[str | None] = list(args.sequences) or ([] if alone else [None])
     if args.stride_asked:
+        # Each server knows its position: on the nodes of a Galera cluster, which replicate
+        # every table, each position then has tables of its own.
+        servers = [server.with_stride(increment, offset)
+                   for server, (increment, offset) in zip(servers, args.strides, strict=True)]
         _refuse_other_strides(servers, names, args.strides, args.bits)
     for server, (increment, offset) in zip(servers, args.strides, strict=True):
         if args.worker_leases:
@@ -444,6 +448,12 @@ def _init(args: argparse.Namespace) -> int:
             table = server.describe(name, bits=args.bits)
             label = name or f"Tickets{args.bits}"
             inc, off = (table.increment, table.offset) if table else (increment, offset)
+            if args.stride_asked and (inc, off) != (increment, offset):
+                raise TicketsError(
+                    f"{label} on {_shown(server.url)} has increment {inc}, offset {off} after "
+                    f"init, not increment {increment}, offset {offset}: another server's "
+                    "table is this one (the same database given twice?); nothing issued"
+                )
             print(f"{label}: ready (increment {inc}, offset {off}) on {_shown(server.url)}")
     return 0
 

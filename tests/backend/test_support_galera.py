@@ -11,52 +11,26 @@ it back to three Synced nodes before it returns.
 
 from __future__ import annotations
 
-import os
 import secrets
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 
-from support.galera import GaleraCluster, galera_unavailable_reason, start_galera_cluster
+from support.galera import GaleraCluster
 
 #: MariaDB's ER_LOCK_DEADLOCK: what a Galera certification failure looks like to a client.
 ER_LOCK_DEADLOCK = 1213
 
 
-def _require_all() -> bool:
-    # The rule of conftest.require_all_backends, which test modules do not import.
-    if os.environ.get("TICKETS_TEST_REQUIRE_ALL", "").strip() == "1":
-        return True
-    return os.environ.get("CI", "").strip().lower() in ("1", "true")
-
-
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[GaleraCluster]:
-    """A 3-node Galera cluster for this module; skipped (or failed under
-    ``TICKETS_TEST_REQUIRE_ALL=1`` / ``CI``) when Galera is not installed."""
-    reason = galera_unavailable_reason()
-    if reason is not None:
-        if _require_all():
-            pytest.fail(f"{reason} (TICKETS_TEST_REQUIRE_ALL=1 or CI is set)", pytrace=False)
-        pytest.skip(reason)
-    # Not tmp_path: the SST rsync daemon runs as nobody, which cannot enter pytest's 0700
-    # base directory when the suite runs as root.
-    workdir = Path(tempfile.mkdtemp(prefix="tickets-galera-"))
-    try:
-        started = time.monotonic()
-        with start_galera_cluster(workdir) as galera:
-            print(f"galera: 3 nodes Synced in {time.monotonic() - started:.1f}s")
-            yield galera
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+def cluster(galera_cluster: GaleraCluster) -> GaleraCluster:
+    """The session's 3-node Galera cluster (``conftest.galera_cluster``)."""
+    return galera_cluster
 
 
 @pytest.fixture(scope="module")

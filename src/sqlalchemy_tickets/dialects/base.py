@@ -659,6 +659,20 @@ class TicketBackend:
         refused connection, a timeout, a deadlock, a serialization failure."""
         return False
 
+    def is_conflict(self, error: BaseException) -> bool:
+        """Whether a DBAPI error says a single statement in autocommit lost a write conflict
+        and was rolled back whole (so running it again is safe): a deadlock, a failed Galera
+        certification."""
+        return False
+
+    #: Whether a database of this backend may be a node of a multi-writer cluster that
+    #: replicates every table (MariaDB Galera): see :meth:`cluster`.
+    may_be_clustered: ClassVar[bool] = False
+
+    def cluster(self, cursor: Any) -> str | None:
+        """The id of the multi-writer cluster this database is a node of (``None``: none)."""
+        return None
+
     # -- statement cache -----------------------------------------------------------------
 
     def __init__(self) -> None:

@@ -36,6 +36,8 @@ from .base import (
 
 _NO_SUCH_TABLE = 1146
 _NEEDS_PROCESS_PRIVILEGE = 1227
+#: A deadlock, or a write that failed Galera's certification: rolled back whole.
+_DEADLOCK = 1213
 _CANNOT_CONNECT = 2003
 #: 1205 lock wait timeout, 1213 deadlock, 1053 server shutdown, 1927 connection killed,
 #: 2003 cannot connect, 2006 server has gone away, 2013 lost connection during query,
@@ -195,27 +197,29 @@ class MySQLBackend(TicketBackend):
 
     def identity(self, cursor: Any, dialect: Dialect, table: TicketTable) -> Identity | None:
         # MariaDB has no server_uuid: the server id tells a promoted replica from its primary,
-        # the creation time a restored table from the one dumped.
+        # the creation time (to the second) and the InnoDB table id (with the PROCESS
+        # privilege) a restored table from the one dumped.
+        row = None
         if dialect not in self._no_table_ids:
             stmt = self.statement(dialect, table, "identity_full", _identity_with_table_id)
             try:
-                server_id, created, table_id = stmt.execute(cursor).fetchone()
+                row = stmt.execute(cursor).fetchone()
             except Exception as error:
                 if getattr(error, "args", (None,))[0] != _NEEDS_PROCESS_PRIVILEGE:
                     raise
-                # The InnoDB table id needs the PROCESS privilege; the creation time (to the
-                # second) is what is left.
                 self._no_table_ids.add(dialect)
-            else:
-                if created is None:
-                    return None
-                return Identity("mysql", f"server_id:{server_id}",
-                                f"created:{created}:table_id:{table_id}")
-        stmt = self.statement(dialect, table, "identity", _identity)
-        server_id, created = stmt.execute(cursor).fetchone()
+        if row is None:
+            row = (*self.statement(dialect, table, "identity", _identity).execute(cursor)
+                   .fetchone(), None)
+        cluster, server_id, created, table_id = row
         if created is None:
             return None
-        return Identity("mysql", f"server_id:{server_id}", f"created:{created}")
+        if cluster:
+            # A Galera node: every node replays DDL at its own time, and a node that rejoins
+            # by a state transfer makes its tables anew; only the cluster's history is one.
+            return Identity(f"galera:{cluster}", "", "")
+        suffix = "" if table_id is None else f":table_id:{table_id}"
+        return Identity("mysql", f"server_id:{server_id}", f"created:{created}{suffix}")
 
     def identity_columns(self, name: str) -> list[sa.ColumnElement[Any]]:
         created = sa.text(
@@ -233,6 +237,18 @@ class MySQLBackend(TicketBackend):
     def is_missing_table(self, error: BaseException) -> bool:
         args: tuple[Any, ...] = getattr(error, "args", ())
         return len(args) > 0 and args[0] == _NO_SUCH_TABLE
+
+    may_be_clustered = True
+
+    def cluster(self, cursor: Any) -> str | None:
+        # A status variable, not a system one: MySQL (no wsrep) answers with no row.
+        cursor.execute("SHOW GLOBAL STATUS LIKE 'wsrep_cluster_state_uuid'")
+        row = cursor.fetchone()
+        return str(row[1]) if row is not None and row[1] else None
+
+    def is_conflict(self, error: BaseException) -> bool:
+        args: tuple[Any, ...] = getattr(error, "args", ())
+        return len(args) > 0 and args[0] == _DEADLOCK
 
 
 def _lock_name(table: TicketTable) -> str:
@@ -256,18 +272,21 @@ def _flickr_describe(t: sa.Table) -> sa.sql.Executable:
     )
 
 
+_IDENTITY = (
+    "SELECT (SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS "
+    "WHERE VARIABLE_NAME = 'WSREP_CLUSTER_STATE_UUID'), @@server_id, "
+    "(SELECT CREATE_TIME FROM information_schema.TABLES "
+    "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :name)"
+)
+
+
 def _identity(t: sa.Table) -> sa.sql.Executable:
-    return sa.text(
-        "SELECT @@server_id, (SELECT CREATE_TIME FROM information_schema.TABLES "
-        "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :name)"
-    ).bindparams(name=t.name)
+    return sa.text(_IDENTITY).bindparams(name=t.name)
 
 
 def _identity_with_table_id(t: sa.Table) -> sa.sql.Executable:
     return sa.text(
-        "SELECT @@server_id, (SELECT CREATE_TIME FROM information_schema.TABLES "
-        "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :name), "
-        "(SELECT TABLE_ID FROM information_schema.INNODB_SYS_TABLES "
+        f"{_IDENTITY}, (SELECT TABLE_ID FROM information_schema.INNODB_SYS_TABLES "
         "WHERE NAME = CONCAT(DATABASE(), '/', :name))"
     ).bindparams(name=t.name)
 

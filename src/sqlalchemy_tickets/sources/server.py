@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import threading
 import time
 import weakref
@@ -72,6 +73,10 @@ PAUSED_OFFSET = 0
 
 #: Counts above this are checked against the sequence's bit width before anything else.
 _MAX_ID_32 = 2**31 - 1
+
+#: Times a statement that lost a write conflict (Galera certification, deadlock) runs again
+#: within one round trip before its error reaches the caller.
+_CONFLICT_RETRIES = 20
 
 #: Times a block is asked for again when the table changed between a take and its describe
 #: (seeded by its creator, restrided), before the server counts as unavailable.
@@ -166,7 +171,10 @@ class TicketServer:
         self.timeout = self.own.timeout
         self.stride = stride
         self.create_missing = create_missing
-        self.table_template = check_table_template(table_template)
+        self._template = check_table_template(table_template)
+        # The template with this server's lane, once it is known whether the database is a
+        # cluster whose nodes all write one replicated table (Galera): None until then.
+        self._lane_template: str | None = None
         self.storage_engine = storage_engine
         self.pool_size = pool_size
         #: Where a table this server creates on first use starts: above what its peers issued
@@ -203,6 +211,25 @@ class TicketServer:
 
     def __repr__(self) -> str:
         return f"TicketServer({self.url.render_as_string()!r})"
+
+    @property
+    def table_template(self) -> str:
+        """How a sequence name becomes a table name here. On a MariaDB Galera node of a pair
+        or trio (a server with a ``stride``), each position has tables of its own
+        (``tickets__{sequence}__lane2of3``): the nodes replicate every table, and one row
+        written from every node would collapse the stride and fail certification. Finding
+        that out takes one round trip, the first time."""
+        if self._lane_template is None:
+            template = self._template
+            if self.stride is not None and self.backend.may_be_clustered:
+                cluster = self._round_trip(self._cluster, ticket_table("cluster"))
+                if cluster:
+                    increment, offset = self.stride
+                    template = f"{template}__lane{offset}of{increment}"
+                    logger.info("%s is a node of the Galera cluster %s: its tables are %s",
+                                self, cluster, template)
+            self._lane_template = template
+        return self._lane_template
 
     # -- the source protocol ------------------------------------------------------------------
 
@@ -421,6 +448,7 @@ class TicketServer:
         twin = object.__new__(TicketServer)
         twin.__dict__.update(self.__dict__)
         twin.stride = (increment, offset)
+        twin._lane_template = None
         twin._reset_state()
         _servers.add(twin)
         return twin
@@ -669,6 +697,9 @@ class TicketServer:
     def _identity(self, cursor: Any, table: TicketTable) -> Identity | None:
         return self.backend.identity(cursor, self.engine.dialect, table)
 
+    def _cluster(self, cursor: Any, table: TicketTable) -> str | None:
+        return self.backend.cluster(cursor)
+
     def _give_back(self, cursor: Any, table: TicketTable, ids: range, info: TableInfo) -> bool:
         return self.backend.give_back_block(cursor, self.engine.dialect, table, ids, info)
 
@@ -702,7 +733,19 @@ class TicketServer:
             conn, cursor = held
         token = self.own.arm(conn.dbapi_connection)
         try:
-            result = work(cursor, table, *args)
+            for attempt in range(1, _CONFLICT_RETRIES + 1):
+                try:
+                    result = work(cursor, table, *args)
+                    break
+                except self.engine.dialect.loaded_dbapi.Error as error:
+                    # A write that lost a certification (Galera) or a deadlock was rolled
+                    # back whole: it issued nothing, and the same statement may run again.
+                    if attempt == _CONFLICT_RETRIES or not self.backend.is_conflict(error):
+                        raise
+                    logger.debug("%s: %s conflicted (%s); again", self, table.label, error)
+                    # Apart from the writer it lost to, which is still at it; the watchdog
+                    # bounds the whole round trip, retries included.
+                    time.sleep(random.uniform(0, min(0.02, 0.0005 * 2**attempt)))
         except self.engine.dialect.loaded_dbapi.Error as error:
             in_time = self.own.disarm(token)
             if in_time and self.backend.is_missing_table(error):
