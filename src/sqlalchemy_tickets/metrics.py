@@ -76,6 +76,9 @@ class SequenceFigures:
     rate: float
     #: The highest id handed out.
     last_issued: int
+    #: Times a database went back in time under this sequence, as sources of this process
+    #: saw it (a restore, a promoted replica, a sequence below ids in use): healed or refused.
+    rewinds: int = 0
 
     @property
     def space_used(self) -> float:
@@ -90,9 +93,11 @@ class SequenceFigures:
 
 def figures() -> list[SequenceFigures]:
     """Read every open cache (and the counters of closed ones) now, one entry per sequence."""
+    from .sources._rewind import counts
     from .sources.cache import open_caches
 
     caches, retired = open_caches()
+    rewinds = counts()
     sums: dict[str, dict[str, float]] = {}
     for key, kept in retired.items():
         sums[key] = {name: float(value) for name, value in kept.items()}
@@ -106,6 +111,8 @@ def figures() -> list[SequenceFigures]:
                 total[name] = total.get(name, 0) + lane[name]
             total["failures"] = max(total.get("failures", 0), lane["failures"])
             total["last_issued"] = max(total.get("last_issued", 0), lane["last_issued"])
+    for key in rewinds:
+        sums.setdefault(key, {})
     result = []
     for key in sorted(sums):
         sequence, _, bits = key.rpartition("/")
@@ -123,6 +130,7 @@ def figures() -> list[SequenceFigures]:
                 refill_failures=int(total.get("failures", 0)),
                 rate=float(total.get("rate", 0.0)),
                 last_issued=int(total.get("last_issued", 0)),
+                rewinds=rewinds.get(key, 0),
             )
         )
     return result
@@ -169,6 +177,9 @@ INSTRUMENTS: tuple[Instrument, ...] = (
                "Recent request rate of the caches", lambda f: f.rate),
     Instrument("tickets.ids.space_used", "gauge", "1",
                "Share of the id space below the highest id handed out", lambda f: f.space_used),
+    Instrument("tickets.rewinds", "counter", "{rewind}",
+               "Times a database went back in time under the sequence (healed or refused)",
+               lambda f: f.rewinds),
 )
 
 

@@ -103,6 +103,24 @@ def test_each_instrument_reads_back_what_stats_says(reader, server) -> None:
         cache.close()
 
 
+def test_a_rewind_is_counted_under_its_sequence(reader, server) -> None:
+    """A table behind ids already in use (told by ensure_above, as the flush does with a
+    table's largest key) is healed: one rewind, counted for that sequence and no other."""
+    photos, other = _name(), _name()
+    cache = CachedSource(server, min_block=10)
+    try:
+        first = cache.next_id(photos)
+        cache.next_id(other)
+        assert cache.ensure_above(photos, first + 5_000)
+        assert cache.next_id(photos) > first + 5_000
+        values = read_back(reader)
+        assert values["tickets.rewinds"][photos, 64] == 1
+        assert values["tickets.rewinds"][other, 64] == 0
+        assert cache.stats()["rewinds"] == server.stats()["rewinds"] == 1
+    finally:
+        cache.close()
+
+
 def _cache_holding_ids(server: TicketServer) -> tuple[str, CachedSource, int]:
     """A cache of a fresh sequence that issued 10 ids and holds more: (sequence, cache, held)."""
     sequence = _name()
