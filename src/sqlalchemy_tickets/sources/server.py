@@ -602,8 +602,11 @@ class TicketServer:
             )
 
     def _create_on_first_use(self, table: TicketTable) -> None:
+        # Above what the peers issued, and above ids known in use (a table's largest key told
+        # by ensure_above before the first block): a new table starts past them, no rewind.
         start = self.start_above(table) + 1 if self.start_above is not None else 1
-        self.create(table.sequence, bits=table.bits, start=max(1, start))
+        start = max(start, self._high.get(table, 0) + 1)
+        self.create(table.sequence, bits=table.bits, start=min(max(1, start), table.max_id))
 
     def _after_miss(self, known: _Known, count: int) -> tuple[TableInfo, int]:
         """The take advanced nothing: the stride changed, the row is missing (Flickr's before
