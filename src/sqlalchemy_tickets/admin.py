@@ -141,18 +141,20 @@ def sequence_status(
                        else "")
                 )
         recorded, live = identities[i, table]
+        # The servers of a pair drift apart by whole blocks in normal use: being behind them
+        # says something only of a server restored or failed over.
+        peers = [last for j, last in highest.get(table, []) if j != i]
+        behind = max(peers) if peers and max(peers) > (last or 0) else None
         if recorded is not None and live is not None and recorded != live:
+            above = max(behind or 0, last or 0)
             warnings.append(
                 f"its identity changed (recorded {recorded}, now {live}): restored from a "
-                "backup or failed over since it last issued; running processes move it above "
-                "what they issued, new ones refuse until `sqlalchemy-tickets sync --above N`"
+                "backup or failed over since it last issued"
+                + (f", and behind the other servers, which issued up to {behind:,}"
+                   if behind is not None else "")
+                + "; running processes move it above what they issued, new ones refuse until "
+                f"`sqlalchemy-tickets sync --above N` (N >= {above:,}, the highest id in use)"
             )
-        peers = [last for j, last in highest.get(table, []) if j != i]
-        stride = info.increment if info is not None else 1
-        behind = max(peers) if peers and max(peers) > (last or 0) + stride else None
-        if behind is not None:
-            warnings.append(f"behind the other servers, which issued up to {behind:,} (restored "
-                            "from a backup?): `sqlalchemy-tickets sync --above N` moves it")
         out.append(
             SequenceStatus(
                 server=servers[i].url.render_as_string(),

@@ -176,7 +176,9 @@ def issued_by_another_process(url: str, count: int) -> list[int]:
 
 @pytest.mark.backend(*SERVERS)
 def test_a_running_server_heals_a_restore_in_place(
-    backend: str, make_database: Callable[[str], str], tmp_path: Path,
+    backend: str,
+    make_database: Callable[[str], str],
+    tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     url = make_database(backend)
@@ -286,7 +288,9 @@ def test_a_restore_right_after_a_block_is_caught_on_the_next_block(
 
 @pytest.mark.backend(*SERVERS)
 def test_one_restore_is_healed_once_with_one_warning(
-    backend: str, make_database: Callable[[str], str], tmp_path: Path,
+    backend: str,
+    make_database: Callable[[str], str],
+    tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """CONTRACT §9: a rewind is moved above the floor, "logs one WARNING and counts it". A
@@ -435,11 +439,14 @@ def test_a_running_server_that_refuses_rewinds_resumes_after_sync(
         ids += draw(server, 10)
         put_back(url, backup)
 
-        with pytest.raises(RewindError, match="--above"):
+        issued = server.stats()["issued"]
+        with pytest.raises(RewindError, match="--above") as refused:
             server.next_id("photos")
+        assert str(max(ids)) in str(refused.value)  # the floor it knows, named
         with pytest.raises(RewindError):
             server.next_block("photos", 5)
         assert server.stats()["rewinds"] == 0  # refused, not healed
+        assert server.stats()["issued"] == issued
 
         above = max(ids) + 1000
         sync_above(url, above, "photos")
@@ -695,6 +702,7 @@ def test_core_inserts_into_a_switched_table_get_keys_above_its_rows(
     backend: str, legacy_photos: str, make_database: Callable[[str], str]
 ) -> None:
     table = Photo.__table__
+    assert isinstance(table, sa.Table)
     # Embedded default: an executemany, then a single row, through Core.
     engine = sa.create_engine(legacy_photos)
     try:
@@ -808,3 +816,50 @@ def test_a_sqlite_file_replaced_under_a_running_server_is_healed_without_caller_
         assert server.stats()["rewinds"] == 1
     finally:
         server.close()
+
+
+@pytest.mark.backend(*SERVERS)
+def test_one_server_of_a_pair_restored_twice_from_one_backup_repeats_no_id(
+    backend: str, make_database: Callable[[str], str], tmp_path: Path
+) -> None:
+    """Found by the fault campaign: two processes (two datacenters) over one pair; server a is
+    restored, healed by the first process, which takes ids above the heal's target; restored
+    again from the same backup and healed by the second process from the same floor (b's last
+    id). The second heal must land above what the first process took since."""
+    a, b = make_database(backend), make_database(backend)
+    first, second = TicketServers([a, b]), TicketServers([a, b])
+    try:
+        for pair in (first, second):
+            pair.servers[0].next_block("photos", 10)
+            pair.servers[1].next_block("photos", 10)
+        backup = snapshot(a, tmp_path / "a")
+        first.servers[0].next_block("photos", 100)
+        put_back(a, backup)
+        taken_first = list(first.servers[0].next_block("photos", 1000))
+        put_back(a, backup)
+        taken_second = list(second.servers[0].next_block("photos", 1000))
+        assert_distinct(taken_first + taken_second)
+    finally:
+        first.close()
+        second.close()
+
+
+@pytest.mark.backend(*SERVERS)
+def test_a_table_largest_key_from_the_server_ahead_does_not_move_the_other(
+    backend: str, make_database: Callable[[str], str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The servers of a pair drift apart in normal use: a new process's first flush finds the
+    table's largest key among the ids of the server ahead. That is no rewind of the other
+    server: no WARNING, no margin spent."""
+    a, b = make_database(backend), make_database(backend)
+    pair = TicketServers([a, b])
+    try:
+        pair.servers[0].next_block("photos", 5)
+        ahead = pair.servers[1].next_block("photos", 500)
+        with caplog.at_level(logging.WARNING, logger="sqlalchemy_tickets"):
+            assert not pair.ensure_above("photos", ahead[-1])
+        assert "went back in time" not in caplog.text
+        assert pair.servers[0].next_block("photos", 1).start < ahead[-1]
+        assert pair.stats()["rewinds"] == 0
+    finally:
+        pair.close()

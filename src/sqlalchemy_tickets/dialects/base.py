@@ -162,6 +162,9 @@ class Identity:
     era: str
     table: str
     synchronous: bool = False
+    #: What the backend's take compares to be sure it still writes this table (see
+    #: :meth:`TicketBackend.identity_guards`); not recorded.
+    guard: tuple[Any, ...] = field(default=(), compare=False)
 
     @property
     def stamp(self) -> str:
@@ -430,6 +433,15 @@ class TicketBackend:
     #: or a failover then makes the take advance nothing); elsewhere the source reads
     #: :meth:`identity` itself, on every new connection and at an interval.
     identity_in_block: ClassVar[bool] = False
+    #: Whether that check sees every change :meth:`identity` would (else the source also reads
+    #: :meth:`identity` at an interval: MySQL's creation time counts whole seconds).
+    identity_in_block_complete: ClassVar[bool] = False
+
+    #: Whether a connection that saw its database file replaced must be replaced (SQLite:
+    #: it still has the old file open, read-only).
+    def is_moved(self, error: BaseException) -> bool:
+        """Whether a DBAPI error says the connection's database was replaced under it."""
+        return False
 
     def identity(self, cursor: Any, dialect: Dialect, table: TicketTable) -> Identity | None:
         """The identity of ``table`` as the database shows it now (``None``: no such table)."""
@@ -582,7 +594,7 @@ class TicketBackend:
         if step > table.max_id:
             # More than the id space: no row could advance, and the SQL would overflow.
             return None
-        guards = self.identity_guards(identity) if identity is not None else None
+        guards = self.identity_guards(identity) if identity is not None and identity.guard else None
         if guards:
             stmt = self.statement(dialect, table, "take_guarded", self.guarded_advance_statement)
         else:

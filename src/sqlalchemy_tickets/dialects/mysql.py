@@ -219,7 +219,50 @@ class MySQLBackend(TicketBackend):
             # by a state transfer makes its tables anew; only the cluster's history is one.
             return Identity(f"galera:{cluster}", "", "")
         suffix = "" if table_id is None else f":table_id:{table_id}"
-        return Identity("mysql", f"server_id:{server_id}", f"created:{created}{suffix}")
+        # The take checks the InnoDB table id where it may be read (exact), else the creation
+        # time (to the second; the interval's full check covers a restore within it).
+        guard = (server_id, table_id) if table_id is not None else (server_id, created)
+        return Identity("mysql", f"server_id:{server_id}", f"created:{created}{suffix}",
+                        guard=guard)
+
+    # The take refuses a table whose server or creation time changed (a promoted replica, a
+    # restore while connections stay open): an information_schema read in the UPDATE itself,
+    # not a round trip. The InnoDB table id (same-second restores) is read on first contact,
+    # on each new connection and at identity_interval.
+    identity_in_block = True
+
+    def identity_guards(self, identity: Identity) -> dict[str, Any]:
+        server_id, table = identity.guard
+        return {"guard_server": server_id, "guard_table": table}
+
+    def take_block(
+        self,
+        cursor: Any,
+        dialect: Dialect,
+        table: TicketTable,
+        count: int,
+        info: TableInfo,
+        identity: Identity | None = None,
+    ) -> int | None:
+        if identity is None or not identity.guard or isinstance(identity.guard[1], int):
+            return super().take_block(cursor, dialect, table, count, info, identity)
+        # Guarded by the creation time: its own statement.
+        step = count * info.increment
+        if step > table.max_id:
+            return None
+        stmt = self.statement(dialect, table, "take_guarded_created", _take_guarded_by_created)
+        values = {"step": step, "max": table.max_id - step, **self.identity_guards(identity)}
+        if not table.flickr:
+            values.update(increment=info.increment, offset=info.offset)
+        stmt.execute(cursor, **values)
+        return self.advanced_id(cursor)
+
+    def guarded_advance_statement(self, t: sa.Table) -> sa.sql.Executable:
+        table_id = sa.text(
+            "SELECT TABLE_ID FROM information_schema.INNODB_SYS_TABLES "
+            "WHERE NAME = CONCAT(DATABASE(), '/', :guarded_name)"
+        ).bindparams(guarded_name=t.name).columns(TABLE_ID=sa.BigInteger).scalar_subquery()
+        return _guarded(t, table_id, sa.BigInteger)
 
     def identity_columns(self, name: str) -> list[sa.ColumnElement[Any]]:
         created = sa.text(
@@ -289,6 +332,25 @@ def _identity_with_table_id(t: sa.Table) -> sa.sql.Executable:
         f"{_IDENTITY}, (SELECT TABLE_ID FROM information_schema.INNODB_SYS_TABLES "
         "WHERE NAME = CONCAT(DATABASE(), '/', :name))"
     ).bindparams(name=t.name)
+
+
+def _guarded(
+    t: sa.Table, table: sa.ColumnElement[Any], type_: Any
+) -> sa.sql.Executable:
+    return advance(
+        t, sa.func.last_insert_id(t.c.id + sa.bindparam("step", type_=sa.BigInteger))
+    ).where(
+        sa.literal_column("@@server_id") == sa.bindparam("guard_server", type_=sa.Integer),
+        table == sa.bindparam("guard_table", type_=type_),
+    )
+
+
+def _take_guarded_by_created(t: sa.Table) -> sa.sql.Executable:
+    created = sa.text(
+        "SELECT CREATE_TIME FROM information_schema.TABLES "
+        "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :guarded_name"
+    ).bindparams(guarded_name=t.name).columns(CREATE_TIME=sa.DateTime).scalar_subquery()
+    return _guarded(t, created, sa.DateTime)
 
 
 def _named_describe(t: sa.Table) -> sa.sql.Executable:

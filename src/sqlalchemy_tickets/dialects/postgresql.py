@@ -58,6 +58,7 @@ class PostgreSQLBackend(ReturningBackend):
     sync_drivername = "postgresql+psycopg"
     # The take itself refuses a table whose OID or timeline changed: no extra round trip.
     identity_in_block = True
+    identity_in_block_complete = True
 
     def identity(self, cursor: Any, dialect: Dialect, table: TicketTable) -> Identity | None:
         stmt = self.statement(
@@ -67,17 +68,15 @@ class PostgreSQLBackend(ReturningBackend):
         if oid is None:
             return None
         return Identity(f"pg:{sysid}", f"timeline:{int(timeline, 16)}", f"oid:{oid}",
-                        bool(synchronous))
+                        bool(synchronous), guard=(int(oid), str(timeline)))
 
     def identity_columns(self, name: str) -> list[sa.ColumnElement[Any]]:
         oid = sa.func.to_regclass(sa.func.quote_ident(sa.literal(name, sa.Text)))
         return [sa.cast(sa.cast(oid, postgresql.OID), sa.BigInteger), sa.literal_column(_TIMELINE)]
 
     def identity_guards(self, identity: Identity) -> dict[str, Any]:
-        return {
-            "guard_table": int(identity.table.partition(":")[2]),
-            "guard_timeline": f"{int(identity.era.partition(':')[2]):08X}",
-        }
+        oid, timeline = identity.guard
+        return {"guard_table": oid, "guard_timeline": timeline}
 
     def guarded_advance_statement(self, t: sa.Table) -> sa.sql.Executable:
         return (

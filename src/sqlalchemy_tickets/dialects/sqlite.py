@@ -138,6 +138,11 @@ class SQLiteBackend(ReturningBackend):
         lineage = f"file:{info.st_dev}:{info.st_ino}" if info is not None else "memory"
         return Identity(lineage, "", f"rootpage:{row[0]}")
 
+    def is_moved(self, error: BaseException) -> bool:
+        # SQLITE_READONLY_DBMOVED: the file was replaced (a restore) while this connection
+        # kept the old one open.
+        return isinstance(error, sqlite3.OperationalError) and "readonly database" in str(error)
+
     def is_retryable(self, error: BaseException) -> bool:
         # Another writer held the file past the busy timeout.
         return isinstance(error, sqlite3.OperationalError) and "locked" in str(error)

@@ -8,7 +8,8 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +63,7 @@ def _after_fork_in_child() -> None:
         server.own.dispose(close=False)
         high = server._high
         server._reset_state()
-        server._high = dict(high)  # the parent's floors hold in the child too
+        server._high = high  # the parent's marks hold in the child too
 
 
 _process.after_fork_in_child(_after_fork_in_child)
@@ -81,6 +82,99 @@ _CONFLICT_RETRIES = 20
 #: Times a block is asked for again when the table changed between a take and its describe
 #: (seeded by its creator, restrided), before the server counts as unavailable.
 _MISS_RETRIES = 5
+
+
+class _Mark:
+    """What a server issued of one table in this process, for telling a rewind from ids it
+    gave back: the most recent blocks it kept, the highest id of older ones, and a floor it
+    was told (ids in use elsewhere). ``high`` is the highest of them: a block at or below it is
+    a rewind. Changed under the server's lock (give-backs and floors also under its gate)."""
+
+    __slots__ = ("floor", "recent", "settled", "high")
+
+    #: Blocks kept one by one; older ones only count by their highest id. A give-back takes
+    #: back the table's last ids, so it only ever reaches recent blocks.
+    KEPT = 64
+
+    def __init__(self) -> None:
+        self.floor = 0
+        self.recent: deque[range] = deque()
+        self.settled = 0
+        self.high = 0
+
+    def issued(self, block: range) -> None:
+        self.recent.append(block)
+        if len(self.recent) > self.KEPT:
+            self.settled = max(self.settled, self.recent.popleft()[-1])
+        if block[-1] > self.high:
+            self.high = block[-1]
+
+    def returned(self, ids: range) -> None:
+        """``ids`` were taken back: they are no longer this process's (the tail of one block,
+        or of several that follow on)."""
+        kept = deque(above_not_in(block, ids) for block in self.recent)
+        self.recent = deque(block for block in kept if block)
+        self.high = max(self.floor, self.settled, *(block[-1] for block in self.recent))
+
+    def raise_floor(self, floor: int) -> None:
+        self.floor = max(self.floor, floor)
+        self.high = max(self.high, floor)
+
+
+def above_not_in(block: range, ids: range) -> range:
+    """``block`` less the ids of ``ids`` at its end (a give-back takes back the table's last
+    ids, so it only ever cuts blocks from their end)."""
+    if not block or not ids or block[-1] < ids.start or block.step != ids.step or (
+        (block.start - ids.start) % ids.step
+    ):
+        return block
+    return block[: max(0, (ids.start - block.start + block.step - 1) // block.step)]
+
+
+class _MarkGate:
+    """Takes run together; what moves a high-water mark otherwise (a give-back lowers it, a
+    floor raises it) waits for the takes in flight and holds new ones back. A take compares
+    its block with the mark as it was when it started: a mark moved under it would make a
+    legitimate block look like a rewind, or a rewind look legitimate."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition(threading.Lock())
+        self._takes = 0
+        self._movers = 0  # waiting or moving: new takes wait for them
+        self._moving = threading.Lock()  # one mover at a time
+
+    @contextlib.contextmanager
+    def taking(self) -> Iterator[None]:
+        with self._changed:
+            while self._movers:
+                self._changed.wait()
+            self._takes += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._takes -= 1
+                if not self._takes:
+                    self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def moving(self) -> Iterator[None]:
+        with self._changed:
+            self._movers += 1
+            try:
+                while self._takes:
+                    self._changed.wait()
+            except BaseException:
+                self._movers -= 1
+                self._changed.notify_all()
+                raise
+        try:
+            with self._moving:
+                yield
+        finally:
+            with self._changed:
+                self._movers -= 1
+                self._changed.notify_all()
 
 
 @dataclass(eq=False)
@@ -183,6 +277,10 @@ class TicketServer:
         #: Floors kept outside this database (set by TicketServers: what the other servers of
         #: the pair issued): a rewind is healed above the highest of them.
         self.floors: list[Callable[[TicketTable], int | None]] = []
+        #: Called with (table, target) after this server healed a rewind (set by
+        #: TicketServers: the other servers move above it too, so the floor a later heal of
+        #: this server reads is above the ids it issued since).
+        self.after_heal: list[Callable[[TicketTable, int], None]] = []
         self.backend: TicketBackend = self.own.backend
         self.engine: Engine = self.own.engine
         #: Whether the database takes transaction blocks (PgBouncer in statement pooling does not).
@@ -201,12 +299,12 @@ class TicketServer:
         self._issued = 0
         self._round_trips = 0
         # Per table, the highest id issued here or known to be in use: no block may reach it.
-        self._high: dict[TicketTable, int] = {}
+        self._high: dict[TicketTable, _Mark] = {}
         # Counts new connections: each may reach another database (a failover), so the
         # identity of every known table is checked again before its next block.
         self._epoch = 0
         self._rewinds = 0
-        self._giving = threading.Lock()  # give-backs one at a time: each moves the mark
+        self._marks = _MarkGate()
         self._stamps = True  # False once the stamp table proved out of reach
 
     def __repr__(self) -> str:
@@ -247,33 +345,41 @@ class TicketServer:
         if known is None:
             known = self._first_contact(sequence, bits)
         elif known.epoch != self._epoch or (
-            not self.backend.identity_in_block
+            not self.backend.identity_in_block_complete
             and time.monotonic() - known.checked >= self.identity_interval
         ):
             self._check_identity(known)
         table = known.table
-        for _ in range(_MISS_RETRIES):
-            # Read before the take: a block taken concurrently may land first and be higher.
-            high = self._high.get(table, 0)
-            epoch = self._epoch
-            block = self._take_block(known, count)
-            if self._epoch != epoch and self._check_identity(known):
-                continue  # taken on a new connection, from a database that changed: burned
-            # Above the mark as it was before the take (a concurrent block may have landed
-            # first, higher) or as it is now (a give-back may have lowered it since).
-            if block.start > high or block.start > self._high.get(table, 0):
-                with self._lock:
-                    self._issued += count
-                    if block[-1] > self._high.get(table, 0):
-                        self._high[table] = block[-1]
-                return block
-            # Ids at or below what this process issued: the database went back in time. The
-            # block is burned; the sequence moves above the floor, or RewindError.
-            self._rewound(known, f"it offered ids {block.start}..{block[-1]}, at or below "
-                          f"{high}, the highest id issued or known in use here")
+        with self._marks.taking():
+            for _ in range(_MISS_RETRIES):
+                # Read before the take: a block taken concurrently may land first and be
+                # higher. (Give-backs and new floors, which move the mark otherwise, wait
+                # for the takes in flight.)
+                mark = self._mark(table)
+                high = mark.high
+                epoch = self._epoch
+                block = self._take_block(known, count)
+                if self._epoch != epoch and self._check_identity(known):
+                    continue  # taken on a new connection, from a database that changed
+                if block.start > high:
+                    with self._lock:
+                        self._issued += count
+                        mark.issued(block)
+                    return block
+                # Ids at or below what this process issued: the database went back in time.
+                # The block is burned; the sequence moves above the floor, or RewindError.
+                self._rewound(known, f"it offered ids {block.start}..{block[-1]}, at or "
+                              f"below {high}, the highest id issued or known in use here")
         raise TicketServerUnavailable(
             f"{table.label} on {self} kept offering ids already issued; try again"
         )
+
+    def _mark(self, table: TicketTable) -> _Mark:
+        mark = self._high.get(table)
+        if mark is None:
+            with self._lock:
+                mark = self._high.setdefault(table, _Mark())
+        return mark
 
     def _take_block(self, known: _Known, count: int) -> range:
         try:
@@ -301,24 +407,12 @@ class TicketServer:
         info = known.info if known is not None else self._round_trip(self._describe, table)
         if info is None or ids.step != info.increment or (ids.start - info.offset) % ids.step:
             return 0
-        with self._giving:
-            # If the block is this process's highest, every other id it issued is below
-            # ``ids``, which may come out again once taken back: the mark is lowered before
-            # the round trip (a take racing it must not see them as a rewind), and put back
-            # if the database refuses.
+        with self._marks.moving():
+            if not self._round_trip(self._give_back, table, ids, info):
+                return 0
             with self._lock:
-                high = self._high.get(table)
-                if high == ids[-1]:
-                    self._high[table] = ids.start - ids.step
-            taken = False
-            try:
-                taken = bool(self._round_trip(self._give_back, table, ids, info))
-            finally:
-                if not taken and high is not None:
-                    with self._lock:
-                        self._high[table] = max(self._high.get(table, 0), high)
-        if not taken:
-            return 0
+                # They may come out again: below the mark, but not a rewind.
+                self._mark(table).returned(ids)
         logger.debug("%s took back %d ids of %s", self, len(ids), table.label)
         return len(ids)
 
@@ -332,16 +426,15 @@ class TicketServer:
         table = ticket_table(sequence, check_bits(bits), self.table_template)
         if type(floor) is not int or floor < 0:
             raise TicketsError(f"a floor is a number of ids >= 0, not {floor!r}")
-        with self._lock:
-            if floor > self._high.get(table, 0):
-                self._high[table] = floor
-        known = self._known.get((sequence, bits)) or self._first_contact(sequence, bits)
-        info = self._round_trip(self._describe, table)
-        if info is None or info.last_id is None or info.last_id + info.increment > floor:
-            return False
-        self._rewound(known, f"its next id ({info.last_id + info.increment}) is at or below "
-                      f"{floor}, an id already in use")
-        return True
+        with self._marks.moving():
+            self._mark(table).raise_floor(floor)
+            known = self._known.get((sequence, bits)) or self._first_contact(sequence, bits)
+            info = self._round_trip(self._describe, table)
+            if info is None or info.last_id is None or info.last_id + info.increment > floor:
+                return False
+            self._rewound(known, f"its next id ({info.last_id + info.increment}) is at or "
+                          f"below {floor}, an id already in use")
+            return True
 
     def record_identity(self, sequence: str | None, *, bits: int = 64) -> Identity | None:
         """Record the table's identity as it is now (after an operator moved the sequence above
@@ -507,6 +600,13 @@ class TicketServer:
             self._record(table, live, known.info.last_id)
         elif live.same(reference):
             pass
+        elif known.identity is not None and live.same(
+            self._stored_identity(table) or known.identity
+        ):
+            # Changed since this process looked, but already vouched for in the database: by
+            # an operator's sync, or by the process that healed it first. This process's own
+            # high-water mark still guards what it issued.
+            logger.info("%s: %s is on %s now, as recorded since", self, table.label, live)
         elif live.promoted_from(reference):
             logger.info("%s: %s is on %s now, after a failover to a synchronous standby (was "
                         "%s): no issued id was lost", self, table.label, live, reference)
@@ -522,7 +622,8 @@ class TicketServer:
 
     def _floors(self, table: TicketTable) -> list[int]:
         """What is known to be issued or in use, from this process and outside the database."""
-        found = [self._high[table]] if table in self._high else []
+        mark = self._high.get(table)
+        found = [mark.high] if mark is not None and mark.high else []
         for floor in self.floors:
             try:
                 value = floor(table)
@@ -543,20 +644,35 @@ class TicketServer:
                                   table, seen, floors)
         floor = max(floors)
         target = min(floor + self.rewind_margin * known.info.increment, table.max_id)
-        t = self.backend.table(TableSpec(table))
-        with self.own.connect() as conn:
-            conn.execute(self.backend.raise_floor_statement(t, target))
+        self.raise_above(table, target)
+        mark = self._mark(table)
         with self._lock:
             self._rewinds += 1
-            if floor > self._high.get(table, 0):
-                self._high[table] = floor
+        # The target, not the floor: the ids issued from here on are this process's too, and
+        # a second restore of the same backup must not be healed onto them again.
+        mark.raise_floor(target)
         _rewind.counted(table)
+        for healed in self.after_heal:
+            healed(table, target)
         logger.warning(
             "%s: %s went back in time: %s; moved it above %d (the highest id known in use, "
             "%d, plus a margin): no id is issued twice", self, table.label, seen, target, floor,
         )
+        if live is None:
+            live = self._round_trip(self._identity, table)
         if live is not None:
+            # Vouched for as it is now: other processes need not heal it again.
             self._record(table, live, target)
+            known.identity = live
+
+    def raise_above(self, table: TicketTable, floor: int) -> None:
+        """Move ``table`` so its next id is above ``floor`` (never lowering): one statement."""
+        t = self.backend.table(TableSpec(table))
+        try:
+            with self.own.connect() as conn:
+                conn.execute(self.backend.raise_floor_statement(t, floor))
+        except sa_exc.DBAPIError as error:
+            raise self.own.unavailable(error) from error
 
     def _stored_identity(self, table: TicketTable) -> Identity | None:
         if not self._stamps:
@@ -605,7 +721,8 @@ class TicketServer:
         # Above what the peers issued, and above ids known in use (a table's largest key told
         # by ensure_above before the first block): a new table starts past them, no rewind.
         start = self.start_above(table) + 1 if self.start_above is not None else 1
-        start = max(start, self._high.get(table, 0) + 1)
+        mark = self._high.get(table)
+        start = max(start, (mark.high if mark is not None else 0) + 1)
         self.create(table.sequence, bits=table.bits, start=min(max(1, start), table.max_id))
 
     def _after_miss(self, known: _Known, count: int) -> tuple[TableInfo, int]:
@@ -718,7 +835,9 @@ class TicketServer:
             )
         return int(start(cursor, self.engine.dialect, table))
 
-    def _round_trip(self, work: Any, table: TicketTable, *args: Any) -> Any:
+    def _round_trip(
+        self, work: Any, table: TicketTable, *args: Any, moved_before: bool = False
+    ) -> Any:
         """Run ``work(cursor, table, *args)`` on a kept connection, bounded by the timeout."""
         with self._lock:
             self._round_trips += 1
@@ -751,6 +870,18 @@ class TicketServer:
                     time.sleep(random.uniform(0, min(0.02, 0.0005 * 2**attempt)))
         except self.engine.dialect.loaded_dbapi.Error as error:
             in_time = self.own.disarm(token)
+            if in_time and self.backend.is_moved(error) and not moved_before:
+                # The database was replaced under this connection (a file restored): on a new
+                # one, whose first block checks the identity again.
+                _close_quietly(cursor)
+                conn.invalidate(error)
+                with self._lock:
+                    idle, self._idle = self._idle, []
+                for other, other_cursor in idle:  # on the old file too
+                    _close_quietly(other_cursor)
+                    other.invalidate()
+                self.own.dispose()  # and those in the pool
+                return self._round_trip(work, table, *args, moved_before=True)
             if in_time and self.backend.is_missing_table(error):
                 self._keep(conn, cursor)
                 raise UnknownSequenceError(

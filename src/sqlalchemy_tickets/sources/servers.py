@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from sqlalchemy.engine import URL, Engine
 
 from .._deprecation import deprecated_alias
-from .._naming import TicketTable
+from .._naming import TicketTable, ticket_table
 from ..errors import ExhaustedError, TicketsError, TicketServerUnavailable
 from .base import check_count, check_ids
 from .server import TicketServer
@@ -71,6 +71,7 @@ class TicketServers:
         for joined in members:
             joined.server.start_above = self._highest_elsewhere
             joined.server.floors.append(_peers_floor(this, joined.server))
+            joined.server.after_heal.append(_raise_peers(this, joined.server))
         self._backoff = backoff
         self._max_backoff = max_backoff
         self._clock = clock
@@ -151,8 +152,19 @@ class TicketServers:
 
     def ensure_above(self, sequence: str | None, floor: int, *, bits: int = 64) -> bool:
         """Make every id issued from now on by every server be above ``floor`` (see
-        :meth:`TicketServer.ensure_above`). A server that does not answer keeps the floor and
-        checks it on its next block. Returns whether any sequence had to move."""
+        :meth:`TicketServer.ensure_above`), unless a server that answers already issued
+        ``floor`` or above: the servers of a pair drift apart in normal use, and an id in use
+        up to there is that server's, not a sign that the others went back in time (a
+        restored server is caught by its identity and the others' floors). A server that does
+        not answer keeps the floor and checks it on its next block. Returns whether any
+        sequence had to move."""
+        for member in self._members:
+            try:
+                info = member.server.describe(sequence, bits=bits)
+            except TicketsError:
+                continue
+            if info is not None and info.last_id is not None and info.last_id >= floor:
+                return False
         moved = False
         for member in self._members:
             try:
@@ -246,3 +258,29 @@ def _peers_floor(
         return highest
 
     return floor
+
+
+def _raise_peers(
+    servers: weakref.ref[TicketServers], server: TicketServer
+) -> Callable[[TicketTable, int], None]:
+    """After ``server`` healed a rewind to ``target``, the other servers move above it too:
+    their last ids are the floor the next heal of ``server`` reads (a second restore of the
+    same backup), and ``server`` issued ids above ``target`` since."""
+
+    def raise_peers(table: TicketTable, target: int) -> None:
+        found = servers()
+        if found is None:
+            return
+        for member in found._members:
+            if member.server is server:
+                continue
+            try:
+                member.server.raise_above(
+                    ticket_table(table.sequence, table.bits, member.server.table_template),
+                    target,
+                )
+            except TicketsError as error:
+                logger.warning("%s: could not move %s above %d after a heal of %s: %s",
+                               member.server, table.label, target, server, error)
+
+    return raise_peers
