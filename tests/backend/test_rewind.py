@@ -31,6 +31,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqlalchemy_tickets import (
     CachedSource,
+    DatacenterTier,
     RewindError,
     TicketId,
     TicketServer,
@@ -863,3 +864,118 @@ def test_a_table_largest_key_from_the_server_ahead_does_not_move_the_other(
         assert pair.stats()["rewinds"] == 0
     finally:
         pair.close()
+
+
+# --------------------------------------------------------------------------------------------
+# The third topology: CachedSource(DatacenterTier(dc, upstream=...))
+# --------------------------------------------------------------------------------------------
+
+
+def _tiered(dc: str, upstream: Any) -> tuple[CachedSource, DatacenterTier]:
+    tier = DatacenterTier(dc, upstream, min_block=50, supply=1.0, timeout=5.0)
+    return CachedSource(tier, min_block=10), tier
+
+
+def _close(cache: CachedSource, tier: DatacenterTier) -> None:
+    cache.close()
+    tier.close()
+
+
+@pytest.mark.backend(*SERVERS)
+def test_a_tier_over_a_restored_global_server_repeats_no_id(
+    backend: str, make_database: Callable[[str], str], tmp_path: Path
+) -> None:
+    """The global server restored under a running tier process, then a fresh one: the tier's
+    marks (the highest id it stored from upstream) refuse the offered blocks and move upstream
+    above them; the fresh process tells upstream its marks before its first refill."""
+    glob, dc = make_database(backend), make_database(backend)
+    cache, tier = _tiered(dc, TicketServer(glob))
+    ids: list[int] = []
+    try:
+        ids += draw(cache, 300)
+        backup = snapshot(glob, tmp_path / "global")
+        ids += draw(cache, 300)
+        put_back(glob, backup)
+        ids += draw(cache, 600)
+    finally:
+        _close(cache, tier)
+    put_back(glob, backup)  # and again, for a process that knows nothing of it
+    cache, tier = _tiered(dc, TicketServer(glob))
+    try:
+        ids += draw(cache, 600)
+    finally:
+        _close(cache, tier)
+    assert_distinct(ids)
+
+
+@pytest.mark.backend(*SERVERS)
+def test_the_tier_database_restored_discards_its_stock_once(
+    backend: str,
+    make_database: Callable[[str], str],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The datacenter's own database restored (its stock back as it was, ranges already handed
+    out in it) while a process runs, and before a fresh one starts: the first to see the new
+    identity discards the stock and refills from upstream; nothing is issued twice."""
+    glob, dc = make_database(backend), make_database(backend)
+    upstream = TicketServer(glob)
+    cache, tier = _tiered(dc, upstream)
+    ids: list[int] = []
+    try:
+        ids += draw(cache, 200)
+        assert tier.wait_idle(10)
+        backup = snapshot(dc, tmp_path / "dc")
+        ids += draw(cache, 400)
+        # Restored while the process runs, between its takes (a restore racing the tier's
+        # own writes fails on its locks or keys, as restoring any live database would).
+        assert cache.wait_idle(10) and tier.wait_idle(10)
+        with caplog.at_level(logging.WARNING, logger="sqlalchemy_tickets"):
+            put_back(dc, backup)
+            ids += draw(cache, 600)
+        assert caplog.text.count("discarded its stock") == 1
+    finally:
+        _close(cache, tier)
+    put_back(dc, backup)  # and again, before a fresh process starts
+    cache, tier = _tiered(dc, upstream)
+    try:
+        ids += draw(cache, 600)
+        assert tier.stats()["rewinds"] >= 1
+    finally:
+        _close(cache, tier)
+        upstream.close()
+    assert_distinct(ids)
+
+
+@pytest.mark.backend("postgresql")
+def test_the_tier_database_failed_over_to_a_replica_that_missed_writes(
+    backend: str,
+    make_database: Callable[[str], str],
+    replica_pair: PgPair,
+) -> None:
+    """The tier's database is a primary with an asynchronous replica; the replica misses the
+    last takes, the primary crashes, the replica is promoted and the tier follows through a
+    proxy: the replica's stock still holds ranges already handed out — discarded, refilled."""
+    glob = make_database(backend)
+    primary_url, replica_url = replica_pair.database_urls("rw")
+    upstream = TicketServer(glob)
+    with FollowingProxy.for_url(primary_url) as proxy:
+        dc = proxy.url(primary_url)
+        cache, tier = _tiered(dc, upstream)
+        ids: list[int] = []
+        errors: list[str] = []
+        try:
+            ids += draw(cache, 300)
+            assert tier.wait_idle(10)
+            replica_pair.wait_caught_up()
+            replica_pair.cut_replication()
+            ids += draw(cache, 300)  # taken from stock the replica never sees taken
+            replica_pair.crash_primary()
+            replica_pair.promote()
+            proxy.follow(replica_url)
+            ids += draw_through(cache, 600, errors)
+            assert tier.stats()["rewinds"] >= 1
+        finally:
+            _close(cache, tier)
+            upstream.close()
+    assert_distinct(ids)
