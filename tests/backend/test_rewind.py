@@ -979,3 +979,43 @@ def test_the_tier_database_failed_over_to_a_replica_that_missed_writes(
             _close(cache, tier)
             upstream.close()
     assert_distinct(ids)
+
+
+@pytest.mark.backend("mysql")
+def test_mariadb_without_the_process_privilege_guards_by_creation_time(
+    backend: str, make_database: Callable[[str], str], tmp_path: Path
+) -> None:
+    """A ticket user with rights on its database only cannot read InnoDB's table ids: the take
+    is guarded by the table's creation time instead, and a running process still notices a
+    restore (made in a later second than the table: the creation time counts seconds)."""
+    url = make_database(backend)
+    u = make_url(url)
+    user = f"t{os.getpid()}"
+    admin = sa.create_engine(url)
+    try:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f"CREATE USER '{user}'@'%%' IDENTIFIED BY 'pw'")
+            conn.exec_driver_sql(f"GRANT ALL ON `{u.database}`.* TO '{user}'@'%%'")
+        limited = u.set(username=user, password="pw").render_as_string(hide_password=False)
+        server = TicketServer(limited)
+        try:
+            ids = draw(server, 20)
+            created = int(time.time())
+            while int(time.time()) == created:  # the restore's CREATE in a later second
+                time.sleep(0.05)
+            backup = snapshot(url, tmp_path / "backup")
+            ids += draw(server, 20)
+            put_back(url, backup)
+            ids += draw(server, 20)
+            assert server.stats()["rewinds"] == 1
+            assert_distinct(ids)
+            (statement,) = [
+                k for (_, _, k) in server.backend._statements if k.startswith("take_guarded")
+            ]
+            assert statement == "take_guarded_created"
+        finally:
+            server.close()
+    finally:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f"DROP USER '{user}'@'%%'")
+        admin.dispose()

@@ -595,8 +595,8 @@ class TicketBackend:
             # More than the id space: no row could advance, and the SQL would overflow.
             return None
         guards = self.identity_guards(identity) if identity is not None and identity.guard else None
-        if guards:
-            stmt = self.statement(dialect, table, "take_guarded", self.guarded_advance_statement)
+        if guards and identity is not None:
+            stmt = self.statement(dialect, table, *self.guarded_take(identity))
         else:
             stmt = self.statement(dialect, table, "take_block", self.advance_statement)
             guards = {}
@@ -611,6 +611,11 @@ class TicketBackend:
         """Parameters of :meth:`guarded_advance_statement` for ``identity`` (empty: the
         backend does not check identities in the take)."""
         return {}
+
+    def guarded_take(self, identity: Identity) -> tuple[str, Callable[[sa.Table], Any]]:
+        """The cache key and builder of the take that checks ``identity`` (see
+        :meth:`guarded_advance_statement`)."""
+        return "take_guarded", self.guarded_advance_statement
 
     def guarded_advance_statement(self, t: sa.Table) -> sa.sql.Executable:
         """:meth:`advance_statement`, advancing only while the table is the one the

@@ -235,27 +235,11 @@ class MySQLBackend(TicketBackend):
         server_id, table = identity.guard
         return {"guard_server": server_id, "guard_table": table}
 
-    def take_block(
-        self,
-        cursor: Any,
-        dialect: Dialect,
-        table: TicketTable,
-        count: int,
-        info: TableInfo,
-        identity: Identity | None = None,
-    ) -> int | None:
-        if identity is None or not identity.guard or isinstance(identity.guard[1], int):
-            return super().take_block(cursor, dialect, table, count, info, identity)
-        # Guarded by the creation time: its own statement.
-        step = count * info.increment
-        if step > table.max_id:
-            return None
-        stmt = self.statement(dialect, table, "take_guarded_created", _take_guarded_by_created)
-        values = {"step": step, "max": table.max_id - step, **self.identity_guards(identity)}
-        if not table.flickr:
-            values.update(increment=info.increment, offset=info.offset)
-        stmt.execute(cursor, **values)
-        return self.advanced_id(cursor)
+    def guarded_take(self, identity: Identity) -> tuple[str, Callable[[sa.Table], Any]]:
+        if isinstance(identity.guard[1], int):
+            return "take_guarded", self.guarded_advance_statement
+        # No InnoDB table id (no PROCESS privilege): guarded by the creation time.
+        return "take_guarded_created", _take_guarded_by_created
 
     def guarded_advance_statement(self, t: sa.Table) -> sa.sql.Executable:
         table_id = sa.text(
