@@ -33,14 +33,20 @@ def raw_driver(server: TicketServer, sequence: str, ids: int) -> tuple[Any, Any]
     server.next_block(sequence, ids)  # creates the table and fills the statement cache
     engine, dialect = server.engine, server.engine.dialect
     backend, table = backend_for(dialect.name), ticket_table(sequence)
-    stmt = backend.statement(dialect, table, "take_block", lambda _: None)
+    # The take the server runs: guarded by the table's identity where the backend checks it
+    # in the statement (TicketBackend.take_block).
+    identity = server._known[sequence, 64].identity
+    guards = backend.identity_guards(identity) if identity is not None and identity.guard else {}
+    key = backend.guarded_take(identity)[0] if guards and identity is not None else "take_block"
+    stmt = backend.statement(dialect, table, key, lambda _: None)
     info = server.describe(sequence)
     assert stmt is not None and info is not None, "the library's statement was not cached"
     step = ids * info.increment  # the parameters TicketBackend.take_block passes
     sql, params = (
         stmt.sql,
         stmt.params(
-            step=step, max=table.max_id - step, increment=info.increment, offset=info.offset
+            step=step, max=table.max_id - step, increment=info.increment, offset=info.offset,
+            **guards,
         ),
     )
     pooled = engine.raw_connection()  # made exactly as the server makes its own, in autocommit

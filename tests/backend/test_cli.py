@@ -466,13 +466,14 @@ def test_init_creates_a_datacenter_tier(make_database, backend: str) -> None:
     result = run("init", "--url", url, "--datacenter-tier")
     assert result.returncode == 0, result.stderr
     assert "tickets_dc__stock, tickets_dc__state ready" in result.stdout
-    assert table_names(url) == {"tickets_dc__stock", "tickets_dc__state"}  # nothing else
+    # Nothing else but where the tier records its identity and marks.
+    assert table_names(url) == {"tickets_dc__stock", "tickets_dc__state", "tickets_stamps"}
     again = run("init", "--url", url, "--datacenter-tier", "--tier-prefix", "tickets_eu",
                 "photos")
     assert again.returncode == 0, again.stderr
     assert table_names(url) == {
         "tickets_dc__stock", "tickets_dc__state", "tickets_eu__stock", "tickets_eu__state",
-        "tickets__photos",
+        "tickets__photos", "tickets_stamps",
     }
     # The tables are the tier's: one that may not create anything issues ids from them.
     upstream = TicketServer(make_database(backend))
@@ -613,4 +614,6 @@ def test_status_of_a_database_with_only_a_tier_is_not_an_error(make_database) ->
     # Another prefix names no tier there: nothing at all, exit 1.
     other = run("status", "--url", url, "--tier-prefix", "tickets_eu")
     assert other.returncode == 1 and "no ticket tables" in error_line(other)
-    assert table_names(url) == {"tickets_dc__stock", "tickets_dc__state"}  # nothing created
+    assert table_names(url) == {  # nothing created
+        "tickets_dc__stock", "tickets_dc__state", "tickets_stamps"
+    }

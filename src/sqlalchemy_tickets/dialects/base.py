@@ -550,8 +550,12 @@ class TicketBackend:
         return {}
 
     def tier_statements(self, names: TierTables) -> list[sa.sql.Executable]:
-        """DDL creating a datacenter tier's tables, safe to run when they exist."""
-        return [sa.schema.CreateTable(t, if_not_exists=True) for t in self.tier_tables(names)]
+        """DDL creating a datacenter tier's tables, safe to run when they exist; with the stamp
+        table, where the tier records its identity and its upstream lanes' marks."""
+        return [
+            *(sa.schema.CreateTable(t, if_not_exists=True) for t in self.tier_tables(names)),
+            sa.schema.CreateTable(self.stamp_table(), if_not_exists=True),
+        ]
 
     def drop_tier_statements(self, names: TierTables) -> list[sa.sql.Executable]:
         return [sa.schema.DropTable(t, if_exists=True) for t in reversed(self.tier_tables(names))]

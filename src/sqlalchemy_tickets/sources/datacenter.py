@@ -230,8 +230,6 @@ def _create(own: OwnEngine, names: TierTables) -> None:
             with own.connect() as conn, own.backend.creating(conn, lock, own.timeout):
                 for statement in own.backend.tier_statements(names):
                     conn.execute(statement)
-                # Where the tier records its identity and its upstream lanes' marks.
-                conn.execute(sa.schema.CreateTable(own.backend.stamp_table(), if_not_exists=True))
             break
         except sa_exc.IntegrityError:
             # PostgreSQL: a creator that does not take the creation lock (a migration) won
@@ -384,6 +382,7 @@ class _Lane:
     stored: int = 0  # blocks this process stored: what a waiting caller waits for
     floor: int = 0  # ids up to here are in use (ensure_above): upstream must offer above it
     told: bool = False  # upstream was told the marks of this lane, in this process
+    claimed_at: int = 0  # database clock (ms) of this process's last refill claim
     # Counters.
     issued: int = 0
     round_trips: int = 0
@@ -1002,6 +1001,8 @@ class DatacenterTier:
         if claimed is None:
             return  # nothing to do: the stock is high enough
         size, busy_for = claimed
+        with lane.lock:
+            claimed_at = lane.claimed_at
         if size == 0:
             # Another process holds a live claim: look again once it is void, if still low.
             self._wake(lane, after=max(busy_for, self.backoff))
@@ -1033,7 +1034,7 @@ class DatacenterTier:
                 if len(block) == 0:
                     raise TicketsError(f"{self.upstream!r} returned an empty block")
                 try:
-                    held = self._store(lane, block)
+                    held = self._store(lane, block, claimed_at)
                 except _UpstreamRewound as rewound:
                     self._upstream_rewound(lane, block, rewound.high)
                     continue
@@ -1111,6 +1112,8 @@ class DatacenterTier:
                     claim_owner=self.owner, claim_until=now + int(self.claim_timeout * 1000)
                 )
             )
+            with lane.lock:
+                lane.claimed_at = now
             return size, 0.0
 
         try:
@@ -1123,7 +1126,7 @@ class DatacenterTier:
                 lane.claims += 1
         return claimed
 
-    def _store(self, lane: _Lane, block: range) -> bool:
+    def _store(self, lane: _Lane, block: range, claimed_at: int = 0) -> bool:
         """Put a block from upstream in stock, renewing the claim; returns whether the claim
         is still this process's. A block the database never took is burned (logged)."""
         state, stock = self._state, self._stock
@@ -1137,7 +1140,7 @@ class DatacenterTier:
             if row is None:
                 raise _NoState
             now = int(row[-1])
-            self._check_mark(conn, lane, block)
+            self._check_mark(conn, lane, block, claimed_at)
             conn.execute(
                 sa.insert(stock).values(
                     sequence_name=lane.name, bits=lane.bits, kind=1,
@@ -1206,20 +1209,35 @@ class DatacenterTier:
             raise self.own.unavailable(error) from error
         return max((int(r.last_id) for r in rows if r.last_id is not None), default=0)
 
-    def _check_mark(self, conn: sa.Connection, lane: _Lane, block: range) -> None:
+    def _check_mark(
+        self, conn: sa.Connection, lane: _Lane, block: range, claimed_at: int
+    ) -> None:
         """Refuse a block at or below what the tier stored from its upstream lane (or below
-        a floor it was told of); record its end as the lane's new mark (same transaction)."""
+        a floor it was told of); record its end as the lane's new mark (same transaction).
+
+        Blocks of one lane come from upstream in increasing order, but are stored in the order
+        their refills finish: a refill that stalled past its claim stores a block below the one
+        its successor stored. The mark keeps when the refill that set it was claimed (database
+        clock, in ``stamp``): a lower block from a refill claimed before that is late, not a
+        rewind."""
         stamps = self._stamps
         key = self._mark_name(lane, block)
-        mark = conn.execute(
-            sa.select(stamps.c.last_id).where(stamps.c.name == key).with_for_update()
-        ).scalar_one_or_none()
-        high = max(int(mark or 0), lane.floor)
+        row = conn.execute(
+            sa.select(stamps.c.last_id, stamps.c.stamp).where(stamps.c.name == key)
+            .with_for_update()
+        ).one_or_none()
+        high = int(row.last_id or 0) if row is not None else 0
+        set_at = int(row.stamp) if row is not None and row.stamp.isdigit() else 0
+        if block.start <= lane.floor:
+            raise _UpstreamRewound(max(high, lane.floor))
         if block.start <= high:
+            if claimed_at and claimed_at < set_at:
+                return  # late: obtained before the block that set the mark
             raise _UpstreamRewound(high)
-        if mark is None:
+        if row is None:
             conn.execute(self.backend.insert_seed(stamps, {"name": key, "last_id": block[-1]}))
-        conn.execute(sa.update(stamps).where(stamps.c.name == key).values(last_id=block[-1]))
+        conn.execute(sa.update(stamps).where(stamps.c.name == key).values(
+            last_id=block[-1], stamp=str(claimed_at)))
 
     def _upstream_rewound(self, lane: _Lane, block: range, high: int) -> None:
         """Upstream offered ``block``, at or below ``high``: it went back in time. The block is

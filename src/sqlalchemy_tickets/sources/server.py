@@ -77,7 +77,7 @@ _MAX_ID_32 = 2**31 - 1
 
 #: Times a statement that lost a write conflict (Galera certification, deadlock) runs again
 #: within one round trip before its error reaches the caller.
-_CONFLICT_RETRIES = 20
+_CONFLICT_RETRIES = 50
 
 #: Times a block is asked for again when the table changed between a take and its describe
 #: (seeded by its creator, restrided), before the server counts as unavailable.
@@ -595,9 +595,10 @@ class TicketServer:
         rewound = False
         reference = known.identity
         if reference is None:
-            reference = self._stored_identity(table)
+            # First contact: the recorded identity, or this one recorded (one connection).
+            reference = self._stored_or_recorded(table, live, known.info.last_id)
         if reference is None:
-            self._record(table, live, known.info.last_id)
+            pass
         elif live.same(reference):
             pass
         elif known.identity is not None and live.same(
@@ -673,6 +674,25 @@ class TicketServer:
                 conn.execute(self.backend.raise_floor_statement(t, floor))
         except sa_exc.DBAPIError as error:
             raise self.own.unavailable(error) from error
+
+    def _stored_or_recorded(
+        self, table: TicketTable, live: Identity, last_id: int | None
+    ) -> Identity | None:
+        """The identity recorded for ``table``; where none is, ``live`` is recorded (and
+        ``None`` returned)."""
+        if not self._stamps:
+            return None
+        try:
+            with self.own.connect() as conn:
+                stored = self.backend.read_stamp(conn, table)
+                if stored is None:
+                    self.backend.record_stamp(conn, table, live, last_id)
+                return stored
+        except sa_exc.IntegrityError:
+            return self._stored_identity(table)  # recorded concurrently: read it
+        except sa_exc.DBAPIError as error:
+            self._stamps_out_of_reach(error)
+            return None
 
     def _stored_identity(self, table: TicketTable) -> Identity | None:
         if not self._stamps:
@@ -867,7 +887,7 @@ class TicketServer:
                     logger.debug("%s: %s conflicted (%s); again", self, table.label, error)
                     # Apart from the writer it lost to, which is still at it; the watchdog
                     # bounds the whole round trip, retries included.
-                    time.sleep(random.uniform(0, min(0.02, 0.0005 * 2**attempt)))
+                    time.sleep(random.uniform(0, min(0.05, 0.0005 * 2**attempt)))
         except self.engine.dialect.loaded_dbapi.Error as error:
             in_time = self.own.disarm(token)
             if in_time and self.backend.is_moved(error) and not moved_before:
