@@ -357,9 +357,12 @@ def test_datacenter_tables_in_a_sql_script(dialect: str, tmp_path: Path) -> None
     project = tier_project(tmp_path, "tickets_eu")
     up = run_alembic(project, "upgrade", "head", "--sql", url=OFFLINE_URLS[dialect])
     assert up.returncode == 0, up.stderr
-    stock, state = _tier_ddl(dialect, "tickets_eu")
+    stock, state, stamps = _tier_ddl(dialect, "tickets_eu")
     assert stock.startswith("CREATE TABLE IF NOT EXISTS tickets_eu__stock (")
     assert state.startswith("CREATE TABLE IF NOT EXISTS tickets_eu__state (")
+    # Where the tier records its identity and its upstream lanes' marks.
+    assert stamps.startswith("CREATE TABLE IF NOT EXISTS tickets_stamps (")
+    assert _written(stamps, up.stdout)
     assert _written(stock, up.stdout) and _written(state, up.stdout)
     assert up.stdout.index("tickets_eu__stock") < up.stdout.index("tickets_eu__state")
     if dialect in ("mysql", "mariadb"):

@@ -17,9 +17,10 @@ def test_table_statements_compile_for_every_dialect(url: str) -> None:
     dialect = make_url(url).get_dialect()()
     name = make_url(url).get_backend_name()
     compiled = [str(s.compile(dialect=dialect)) for s in datacenter_table_statements(dialect=name)]
-    assert len(compiled) == 2
+    assert len(compiled) == 3
     assert all("IF NOT EXISTS" in c for c in compiled)
     assert "tickets_dc__stock" in compiled[0] and "tickets_dc__state" in compiled[1]
+    assert "tickets_stamps" in compiled[2]  # the tier's identity and marks
     if name in ("mysql", "mariadb"):
         assert all("ENGINE=InnoDB" in c for c in compiled)
     drops = drop_datacenter_table_statements(dialect=name)

@@ -8,9 +8,10 @@ lacks an id gets one, grouped so that one ``next_block`` serves every object of 
 INSERT, the ORM sends one plain executemany, and a retried flush reuses the same ids.
 
 The first time a type meets a table in a process (``unmet_floors``), the table's largest key is
-read on the flushing connection (one primary-key index lookup) and the source is told that ids
-up to it are in use (``keep_above``): a table moved from auto-increment, or a ticket database
-restored from an older backup, never gets a key it already holds.
+read on the flushing connection (one primary-key index lookup), after the ids are drawn, and the
+source is told that ids up to it are in use (``keep_above``); ids at or below it are drawn again:
+a table moved from auto-increment, or a ticket database restored from an older backup, never
+gets a key it already holds.
 """
 
 from __future__ import annotations
@@ -111,27 +112,36 @@ def _draw(
 ) -> list[Any]:
     """``count`` new ids; the first time the type meets one of ``columns`` here, their largest
     key is read with ``read`` (on the caller's connection, in the caller's context) and the
-    source told of it first."""
+    source told of it. The ids are drawn first: the read may begin the caller's transaction,
+    which behind a pooler holds a server connection that the source may need for its own."""
     unmet = type_.unmet_floors(engine, columns)
+    ids = _off_the_loop(type_.new_ids, engine, count)
     if not unmet:
-        return _off_the_loop(type_.new_ids, engine, count)
+        return ids
     floor = 0
     for column in unmet:
         value = read(sa.select(sa.func.max(column)))
         if isinstance(value, int) and value > floor:
             floor = value
-    return _off_the_loop(_keep_above_then_draw, type_, engine, count, floor, unmet)
+    return _off_the_loop(_keep_above, type_, engine, floor, unmet, ids)
 
 
-def _keep_above_then_draw(
+def _keep_above(
     type_: AssignedIdType,
     engine: EngineGetter,
-    count: int,
     floor: int,
     columns: list[sa.Column[Any]],
+    ids: list[Any],
 ) -> list[Any]:
+    """``ids`` if they are all above ``floor`` (the source is past the table's keys: nothing
+    to tell it, no round trip while the caller's transaction holds its connection); else the
+    source is told of ``floor`` and new ids are drawn (those are burned: keys the table holds,
+    or below them)."""
+    if all(not isinstance(i, int) or i > floor for i in ids):
+        type_.keep_above(engine, 0, columns)  # met: the table's keys are below the source
+        return ids
     type_.keep_above(engine, floor, columns)
-    return type_.new_ids(engine, count)
+    return type_.new_ids(engine, len(ids))
 
 
 #: What one group of a flush draws: the type, the engine, the (object dict, key) pairs to fill,
