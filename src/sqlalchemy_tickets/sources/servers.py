@@ -173,11 +173,16 @@ class TicketServers:
                 self._failed(member, error)
         return moved
 
-    def _highest_elsewhere(self, table: TicketTable) -> int:
-        """The highest id the servers that answer have issued for ``table``: a server that
-        creates the table on first use starts above it."""
+    def _highest_elsewhere(
+        self, table: TicketTable, excluding: TicketServer | None = None
+    ) -> int:
+        """The highest id the servers that answer (but ``excluding``) have issued for
+        ``table`` (0: none): a server that creates the table on first use starts above it, and
+        a restored server heals above it."""
         highest = 0
         for member in self._members:
+            if member.server is excluding:
+                continue
             try:
                 info = member.server.describe(table.sequence, bits=table.bits)
             except TicketsError:
@@ -243,19 +248,8 @@ def _peers_floor(
 
     def floor(table: TicketTable) -> int | None:
         found = servers()
-        if found is None:
-            return None
-        highest: int | None = None
-        for member in found._members:
-            if member.server is server:
-                continue
-            try:
-                info = member.server.describe(table.sequence, bits=table.bits)
-            except TicketsError:
-                continue
-            if info is not None and info.last_id is not None:
-                highest = max(highest or 0, info.last_id)
-        return highest
+        highest = found._highest_elsewhere(table, excluding=server) if found else 0
+        return highest or None
 
     return floor
 
