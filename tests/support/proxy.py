@@ -316,9 +316,14 @@ class TcpProxy:
     def _spawn_locked(
         self, target: Callable[[_Connection], None], conn: _Connection, name: str
     ) -> threading.Thread:
-        """Create (not start) a tracked worker thread, so close() can join it."""
+        """Start a tracked worker thread, so close() can join it.
+
+        Started under the lock: close() snapshots the threads under it, and joining one not
+        yet started raises. start() returns once the thread runs, before it needs the lock.
+        """
         thread = threading.Thread(target=target, args=(conn,), name=name, daemon=True)
         self._threads.add(thread)
+        thread.start()
         return thread
 
     def _on_accept(self, client: socket.socket) -> None:
@@ -332,8 +337,7 @@ class TcpProxy:
             self._connections_accepted += 1
             conn = _Connection(client)
             self._conns.add(conn)
-            thread = self._spawn_locked(self._serve, conn, f"TcpProxy-c2s-{self._port}")
-        thread.start()
+            self._spawn_locked(self._serve, conn, f"TcpProxy-c2s-{self._port}")
 
     def _wait_not_hung_locked(self, conn: _Connection) -> bool:
         """Block while the proxy hangs; False if the connection or proxy went away."""
@@ -361,8 +365,7 @@ class TcpProxy:
                     return
                 conn.upstream = upstream
                 conn.refs += 1
-                s2c = self._spawn_locked(self._pump_s2c, conn, f"TcpProxy-s2c-{self._port}")
-            s2c.start()
+                self._spawn_locked(self._pump_s2c, conn, f"TcpProxy-s2c-{self._port}")
             self._pump(conn, conn.client, upstream, client_to_server=True)
         finally:
             self._release(conn)
