@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from ._reset import drop_ticket_tables
 from .columns import UUID7, ObjectId, PrefixedId, SnowflakeId, TicketId
 from .errors import (
     CommitOutcomeUnknownError,
@@ -60,6 +61,7 @@ __all__ = [
     "async_lookup",
     "async_retry_session",
     "configure",
+    "drop_ticket_tables",
     "is_retryable",
     "lookup",
     "retry_session",

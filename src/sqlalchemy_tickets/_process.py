@@ -38,6 +38,7 @@ __all__ = [
     "after_fork_in_parent",
     "at_exit",
     "before_fork",
+    "exiting",
     "track",
     "tracked",
 ]
@@ -152,13 +153,24 @@ def _after_fork_in_child() -> None:
 _exited = threading.Event()
 
 
+def exiting() -> bool:
+    """Whether the :func:`at_exit` callbacks have started: the process is on its way out."""
+    return _exited.is_set()
+
+
 def _at_exit() -> None:
     # Reached from atexit, and from multiprocessing's exit finalizers in its children (and
     # in the main process, where both run): once.
     if _exited.is_set():
         return
     _exited.set()
-    _run("at_exit", reverse=True)
+    # By now a test runner may have closed the streams its logging handlers write to: a
+    # line logged here must not become a "--- Logging error ---" traceback on stderr.
+    raise_exceptions, logging.raiseExceptions = logging.raiseExceptions, False
+    try:
+        _run("at_exit", reverse=True)
+    finally:
+        logging.raiseExceptions = raise_exceptions
 
 
 class _MultiprocessingHook:

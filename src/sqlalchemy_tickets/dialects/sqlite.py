@@ -55,8 +55,10 @@ class SQLiteBackend(ReturningBackend):
 
     def own_connect_params(self, driver: str, timeout: float) -> ConnectParams:
         # The busy timeout (a file has no network); the library's kept connections move
-        # between threads, one at a time.
-        return ConnectParams({"check_same_thread": False}, {"timeout": timeout})
+        # between threads, one at a time. Forced: SQLAlchemy itself asks for the thread check
+        # on in-memory URLs, and a connection refused in another thread is replaced by a new,
+        # empty in-memory database.
+        return ConnectParams({}, {"check_same_thread": False, "timeout": timeout})
 
     def own_engine_options(self, url: URL) -> dict[str, Any]:
         if sqlite3.sqlite_version_info < (3, 35):

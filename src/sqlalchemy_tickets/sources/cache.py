@@ -271,6 +271,11 @@ class CachedSource:
     def __repr__(self) -> str:
         return f"CachedSource({self.source!r})"
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called: a closed cache issues nothing."""
+        return self._closed.is_set()
+
     # -- the source protocol ------------------------------------------------------------------
 
     def next_id(self, sequence: str | None = None, *, bits: int = 64) -> int:

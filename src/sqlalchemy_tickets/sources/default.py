@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable
 
+from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine
 
 from ..errors import TicketsError
@@ -20,7 +23,47 @@ _lock = threading.Lock()
 _configured: TicketSource | None = None
 # What configure() made from a URL: closed when replaced.
 _built: tuple[CachedSource, TicketServer] | None = None
-_embedded: weakref.WeakKeyDictionary[Engine, CachedSource] = weakref.WeakKeyDictionary()
+_embedded: weakref.WeakKeyDictionary[Engine, _Embedded] = weakref.WeakKeyDictionary()
+
+logger = logging.getLogger("sqlalchemy_tickets")
+
+
+class _Embedded:
+    """The embedded default of one application engine, and the process that made it.
+
+    It belongs to the engine: ``engine.dispose()`` and the engine's collection close it. A
+    forked child that resets the pool it inherited (``dispose(close=False)``, SQLAlchemy's
+    advice after fork) keeps it: the cache already dropped the parent's ids in the child.
+    """
+
+    __slots__ = ("cache", "pid", "__weakref__")
+
+    def __init__(self, cache: CachedSource) -> None:
+        self.cache = cache
+        self.pid = os.getpid()
+
+    def close(self) -> None:
+        """Give the ids in hand back and close the connections; idempotent."""
+        self.cache.close()
+        self.cache.source.close()  # type: ignore[attr-defined]
+
+
+def _on_engine_disposed(app_engine: Engine) -> None:
+    with _lock:
+        found = _embedded.get(app_engine)
+        if found is None or found.pid != os.getpid():
+            return
+        del _embedded[app_engine]
+    found.close()
+
+
+def _on_engine_collected(found: _Embedded) -> None:
+    # Run by the collector, possibly inside library code holding a lock the close needs:
+    # closed from a thread of its own, which ends with the close.
+    if found.pid == os.getpid():
+        threading.Thread(
+            target=found.close, name="sqlalchemy-tickets-close", daemon=True
+        ).start()
 
 
 def configure(source: TicketSource | str | URL | None) -> None:
@@ -70,22 +113,43 @@ def embedded_source(app_engine: Engine) -> CachedSource:
     in front (``supply`` of 10 s, blocks of 16 to 10,000) keeps round trips off most inserts;
     a restart burns at most what it held: never more than 10,000 ids per sequence. The
     :class:`TicketServer` is its ``.source``.
+
+    It belongs to ``app_engine``: ``app_engine.dispose()`` and the engine's garbage collection
+    give its ids back and close its connections and threads (see :class:`_Embedded` for the
+    forked child's ``dispose(close=False)``); the next use after a dispose makes a new one.
     """
     found = _embedded.get(app_engine)
+    if found is not None and not found.cache.closed:
+        return found.cache
+    with _lock:
+        found = _embedded.get(app_engine)
+        if found is not None and not found.cache.closed:
+            return found.cache
+        found = _Embedded(CachedSource(
+            TicketServer(app_engine, pool_size=2, embedded=True),
+            supply=10.0,
+            max_block=EMBEDDED_WASTE_BUDGET,
+            # Everything the cache holds (ready, ahead, in flight) counts: a restart burns at
+            # most this many ids per sequence.
+            waste_budget=EMBEDDED_WASTE_BUDGET,
+        ))
+        _embedded[app_engine] = found
+        if not event.contains(app_engine, "engine_disposed", _on_engine_disposed):
+            event.listen(app_engine, "engine_disposed", _on_engine_disposed)
+        # The process's exit closes what is still open (caches first, then servers).
+        weakref.finalize(app_engine, _on_engine_collected, found).atexit = False
+    return found.cache
+
+
+def forget_embedded(app_engine: Engine) -> CachedSource | None:
+    """Close the embedded default of ``app_engine``, if it has one, and forget it: the next use
+    makes a new one. Returns the closed cache."""
+    with _lock:
+        found = _embedded.pop(app_engine, None)
     if found is None:
-        with _lock:
-            found = _embedded.get(app_engine)
-            if found is None:
-                found = CachedSource(
-                    TicketServer(app_engine, pool_size=2, embedded=True),
-                    supply=10.0,
-                    max_block=EMBEDDED_WASTE_BUDGET,
-                    # Everything the cache holds (ready, ahead, in flight) counts: a restart
-                    # burns at most this many ids per sequence.
-                    waste_budget=EMBEDDED_WASTE_BUDGET,
-                )
-                _embedded[app_engine] = found
-    return found
+        return None
+    found.close()
+    return found.cache
 
 
 def resolve(explicit: TicketSource | None, app_engine: Callable[[], Engine]) -> TicketSource:
