@@ -621,6 +621,8 @@ def test_a_stalled_refiller_loses_its_claim_and_its_late_block_is_kept(
         rest = _drain(other, "photos", held, per=10)
         every = taken + rest
         assert len(every) == len(set(every)) == 60 + held
+        # Draining the stock started another refill: the counts compared must both be after it.
+        assert other.wait_idle(10) and stalled.wait_idle(10)
         assert _status(database_url).refilled == stalled.stats()["refilled"] + other.stats()[
             "refilled"
         ]
