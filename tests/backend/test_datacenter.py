@@ -8,6 +8,7 @@ import multiprocessing
 import threading
 import time
 from collections.abc import Callable, Iterator
+from queue import Empty
 from typing import Any
 
 import pytest
@@ -37,16 +38,30 @@ SPAWN = multiprocessing.get_context("spawn")
 
 def _results_of(target: Callable[..., None], arguments: list[tuple[Any, ...]]) -> list[Any]:
     """Runs ``target(*args, queue)`` in a spawned process per ``args``; what each put on the
-    queue, in the order they finished."""
+    queue, in the order they finished. A child that dies without putting anything fails the
+    test at once, with its exit code, instead of leaving the parent waiting on the queue."""
     queue = SPAWN.Queue()
     children = [SPAWN.Process(target=target, args=(*args, queue)) for args in arguments]
     for child in children:
         child.start()
+    results: list[Any] = []
+    deadline = time.monotonic() + 240
     try:
-        return [queue.get(timeout=300) for _ in children]
+        while len(results) < len(children):
+            try:
+                results.append(queue.get(timeout=0.5))
+                continue
+            except Empty:
+                pass
+            failed = [c.exitcode for c in children if c.exitcode not in (None, 0)]
+            assert not failed, f"a child process failed (exit codes {failed}): see its stderr"
+            assert time.monotonic() < deadline, "the child processes did not finish in time"
+        return results
     finally:
         for child in children:
             child.join(30)
+            if child.is_alive():
+                child.kill()
 
 
 def _status(url: str, sequence: str = "photos") -> Any:
