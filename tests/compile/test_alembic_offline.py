@@ -1,5 +1,6 @@
 """Alembic support without a server: offline ``--sql`` scripts of the examples, the operations'
-arguments, reverse() and autogenerate rendering."""
+arguments, reverse() and autogenerate rendering, the imports rendered scripts get, and the
+plugin."""
 
 from __future__ import annotations
 
@@ -8,22 +9,32 @@ import os
 import re
 import subprocess
 import sys
+import types
+from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from alembic.autogenerate import render_python_code
+from alembic.autogenerate.api import AutogenContext
+from alembic.autogenerate.render import render_op_text
 from alembic.migration import MigrationContext
 from alembic.operations import Operations, ops
 from sqlalchemy.engine import make_url
 
+from sqlalchemy_tickets import UUID7, PrefixedId, TicketId
 from sqlalchemy_tickets.alembic import (
     CreateDatacenterTablesOp,
     CreateTicketTableOp,
     DropDatacenterTablesOp,
     DropTicketTableOp,
+    SyncTicketSequenceOp,
     include_object,
     is_ticket_table_name,
+    plugin,
 )
+from sqlalchemy_tickets.alembic.render import add_type_imports
 from sqlalchemy_tickets.errors import TicketsError
 from sqlalchemy_tickets.sources.datacenter import (
     datacenter_table_statements,
@@ -428,3 +439,153 @@ def test_include_object_hides_the_default_tier_tables() -> None:
         assert include_object(None, name, "table", True, None) is False
         assert include_object(None, name, "table", False, object()) is True
     assert include_object(None, "orders__state", "table", True, None) is True
+
+
+# -- the cut-over: op.sync_ticket_sequence --------------------------------------------------------
+
+
+def _named_ops(dialect: str) -> tuple[Operations, io.StringIO]:
+    """An offline ``op`` configured as ``alembic init``'s env.py configures ``--sql`` runs."""
+    buffer = io.StringIO()
+    context = MigrationContext.configure(
+        dialect_name=dialect,
+        opts={"as_sql": True, "output_buffer": buffer, "literal_binds": True},
+        dialect_opts={"paramstyle": "named"},
+    )
+    return Operations(context), buffer
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql", "mysql"])
+def test_sync_ticket_sequence_offline_reads_the_floor_when_the_script_runs(dialect: str) -> None:
+    op, buffer = _named_ops(dialect)
+    op.sync_ticket_sequence("Photos", "photos", "id")  # type: ignore[attr-defined]
+    (statement,) = [s.strip() for s in buffer.getvalue().split(";") if s.strip()]
+    assert statement.startswith("UPDATE tickets__photos SET id=")
+    # max(id) is read by the database as the script runs, not when it was written.
+    assert "SELECT coalesce(max(photos.id), 0)" in statement
+    assert "%%" not in statement
+
+
+def test_sync_of_a_flickr_table_makes_its_row_where_it_starts_without_one() -> None:
+    """Flickr's table on MySQL/MariaDB has no row until the first REPLACE INTO: an UPDATE alone
+    would move nothing. The other backends seed it when they create it."""
+    op, buffer = _named_ops("mysql")
+    op.sync_ticket_sequence(None, "photos", "id")  # type: ignore[attr-defined]
+    insert, update = [s.strip() for s in buffer.getvalue().split(";") if s.strip()]
+    assert insert == "INSERT IGNORE INTO `Tickets64` (stub) VALUES ('a')"
+    assert update.startswith("UPDATE `Tickets64` SET id=")
+    for dialect in ("sqlite", "postgresql"):
+        op, buffer = _named_ops(dialect)
+        op.sync_ticket_sequence(None, "photos", "id", bits=32)  # type: ignore[attr-defined]
+        assert buffer.getvalue().strip().startswith('UPDATE "Tickets32" SET id=')
+
+
+def test_sync_ticket_sequence_render_reverse_and_diff() -> None:
+    sync = SyncTicketSequenceOp("photos", "photos", "id")
+    legacy = SyncTicketSequenceOp(None, "legacy", "pk", bits=32)
+    code = render_python_code(ops.UpgradeOps(ops=[sync, legacy]))
+    lines = [line.strip() for line in code.splitlines() if line.strip().startswith("op.")]
+    assert lines == [
+        "op.sync_ticket_sequence('photos', 'photos', 'id')",
+        "op.sync_ticket_sequence(None, 'legacy', 'pk', bits=32)",
+    ]
+    # Irreversible: its reverse writes nothing, so a downgrade with nothing else gets `pass`.
+    downgrade = render_python_code(ops.UpgradeOps(ops=[sync]).reverse())
+    assert "op." not in downgrade and "pass" in downgrade
+    assert ops.UpgradeOps(ops=[sync]).as_diffs() == [
+        ("sync_ticket_sequence", sync.ticket_table, "photos", "id")
+    ]
+    with pytest.raises(TicketsError):
+        SyncTicketSequenceOp("photos", "photos; DROP TABLE x", "id")
+
+
+def test_cutover_example_offline() -> None:
+    sql = offline("postgresql-cutover", "upgrade", "head", url=OFFLINE_URLS["postgresql"])
+    assert "UPDATE tickets__photos SET id=" in sql
+    assert "SELECT coalesce(max(photos.id), 0)" in sql
+
+
+# -- imports of the package's column types in rendered scripts ------------------------------------
+
+
+def _autogen_context(**opts: Any) -> AutogenContext:
+    """A context as ``context.configure(**opts)`` in env.py makes it (with its defaults)."""
+    defaults = {
+        "alembic_module_prefix": "op.", "sqlalchemy_module_prefix": "sa.",
+        "user_module_prefix": None,
+    }
+    context = MigrationContext.configure(dialect_name="postgresql", opts={**defaults, **opts})
+    return AutogenContext(context, autogenerate=False)
+
+
+def _add_column(type_: sa.types.TypeEngine[Any]) -> ops.AddColumnOp:
+    return ops.AddColumnOp("photos", sa.Column("x", type_))
+
+
+def test_type_imports() -> None:
+    autogen_context = _autogen_context()
+    add_type_imports(autogen_context)
+    add_type_imports(autogen_context)  # a second autogenerate run on the same context
+    assert "sqlalchemy_tickets.UUID7()" in render_op_text(autogen_context, _add_column(UUID7()))
+    assert autogen_context.imports == {"import sqlalchemy_tickets"}
+    # SQLAlchemy's own types need nothing more.
+    autogen_context.imports.clear()
+    render_op_text(autogen_context, _add_column(sa.BigInteger()))
+    assert autogen_context.imports == set()
+
+
+def test_type_imports_leave_the_projects_own_rendering_alone() -> None:
+    def render_item(type_: str, obj: Any, autogen_context: AutogenContext) -> str | bool:
+        if type_ == "type" and isinstance(obj, TicketId):
+            autogen_context.imports.add("from app import types")
+            return "types.Ticket()"
+        return False
+
+    autogen_context = _autogen_context(render_item=render_item)
+    add_type_imports(autogen_context)
+    assert "types.Ticket()" in render_op_text(autogen_context, _add_column(TicketId("photos")))
+    assert autogen_context.imports == {"from app import types"}
+    render_op_text(autogen_context, _add_column(PrefixedId("post")))  # not rendered by the hook
+    assert "import sqlalchemy_tickets" in autogen_context.imports
+
+    # With user_module_prefix, Alembic writes the project's prefix: its import is the project's.
+    autogen_context = _autogen_context(user_module_prefix="mytypes.")
+    add_type_imports(autogen_context)
+    assert "mytypes.UUID7()" in render_op_text(autogen_context, _add_column(UUID7()))
+    assert autogen_context.imports == set()
+
+
+# -- the plugin --------------------------------------------------------------------------------
+
+
+def test_the_plugin_is_published_under_its_name() -> None:
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert f'"{plugin.NAME}" = "{plugin.__name__}"' in text
+    published = {e.name: e.value for e in entry_points(group="alembic.plugins")}
+    assert published.get(plugin.NAME) == plugin.__name__
+    plugin.register()  # again: nothing happens twice
+    # Alembic 1.18.0 to 1.19.1 iterate what the entry point names, later ones want a module.
+    assert isinstance(plugin, types.ModuleType) and list(plugin) == [plugin]
+
+
+@pytest.mark.parametrize(
+    "first",
+    ["import alembic", "import sqlalchemy_tickets.alembic", "import sqlalchemy_tickets"],
+)
+def test_the_operations_are_registered_whatever_is_imported_first(first: str) -> None:
+    """Alembic loads its plugins half-way through its own import: neither order may trip on a
+    half-imported module, and Alembic alone (>= 1.18) brings the operations."""
+    code = (
+        f"{first}\n"
+        "import alembic\n"
+        "from alembic.operations import Operations\n"
+        "import importlib.util\n"
+        "if importlib.util.find_spec('alembic.runtime.plugins') is None:\n"
+        "    import sqlalchemy_tickets.alembic  # Alembic < 1.18: the manual set-up\n"
+        "for name in ('create_ticket_table', 'drop_ticket_table', 'sync_ticket_sequence'):\n"
+        "    assert hasattr(Operations, name), name\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/"
+    )
+    assert result.returncode == 0, result.stderr

@@ -1,9 +1,12 @@
 """Alembic support: ``op.create_ticket_table`` / ``op.drop_ticket_table``,
 ``op.create_datacenter_tables`` / ``op.drop_datacenter_tables``, and autogenerate.
 
-Importing this package registers everything with Alembic. In ``env.py``::
+With Alembic >= 1.18 everything is registered by the package's plugin, which Alembic loads
+through the ``alembic.plugins`` entry point (:mod:`sqlalchemy_tickets.alembic.plugin`): a project
+made by ``alembic init`` needs no edit. On older Alembic, importing this package registers the
+same things. In ``env.py``::
 
-    import sqlalchemy_tickets.alembic
+    import sqlalchemy_tickets.alembic  # Alembic < 1.18
     from sqlalchemy_tickets.alembic import include_object
 
     context.configure(
@@ -18,6 +21,7 @@ In a migration::
     op.create_ticket_table("Photos", increment=2, offset=2) # even ids: server 2 of an odd/even pair
     op.create_ticket_table(bits=32)                         # Flickr's Tickets32
     op.drop_ticket_table("Photos")
+    op.sync_ticket_sequence("Photos", "photos", "id")       # above max(photos.id): a cut-over
     op.create_datacenter_tables()                           # tickets_dc__stock, __state
     op.drop_datacenter_tables(table_prefix="tickets_eu")
 
@@ -27,10 +31,12 @@ PostgreSQL and MySQL/MariaDB, or a ``TicketServer`` on that very database) and w
 is missing there; columns on dedicated ticket servers get nothing (their tables are made by
 ``sqlalchemy-tickets init`` or an Alembic project of the ticket servers). It never proposes to
 drop a ticket table (``context.configure(..., sqlalchemy_tickets_autogenerate=False)`` turns the
-comparator off). Autogenerate writes ``TicketId`` columns as ``sqlalchemy_tickets.TicketId(...)``
-but writes ``import sqlalchemy_tickets.alembic`` only into scripts with a ticket-table operation:
-keep ``import sqlalchemy_tickets`` in the project's ``script.py.mako``. A datacenter tier's
-tables in the target metadata
+comparator off). A table that exists already and whose integer key now draws from a ticket
+table proposed this way also gets ``op.sync_ticket_sequence(...)``, which starts the sequence
+above its rows. Autogenerate writes the package's column types as
+``sqlalchemy_tickets.TicketId(...)`` and the like, and the script's ``import sqlalchemy_tickets``
+with them; scripts with one of the operations also get ``import sqlalchemy_tickets.alembic``.
+A datacenter tier's tables in the target metadata
 (:func:`~sqlalchemy_tickets.sources.datacenter.datacenter_tables`) and missing from the
 database are proposed as one ``op.create_datacenter_tables(...)``; a tier's tables are never
 proposed for dropping.
@@ -38,7 +44,11 @@ proposed for dropping.
 
 from __future__ import annotations
 
-from . import render, toimpl  # noqa: F401  (registration side effects)
+# Alembic first: from 1.18 on, importing it loads the package's plugin (this package's
+# `plugin` module), before anything below is half imported.
+import alembic  # noqa: F401
+
+from . import plugin, render, toimpl  # noqa: F401  (registration side effects)
 from .compare import include_object, is_ticket_table_name, ticket_tables
 from .ops import (
     CreateDatacenterTablesOp,
@@ -50,6 +60,8 @@ from .ops import (
     RestrideTicketTableOp,
     SyncTicketSequenceOp,
 )
+
+plugin.register()
 
 __all__ = [
     "CreateDatacenterTablesOp",

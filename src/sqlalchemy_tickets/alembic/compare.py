@@ -35,19 +35,27 @@ database but not in the metadata (``DatacenterTier`` creates them on first use) 
 proposed for dropping: the ids in stock would be burned and every process of the datacenter
 would fail until they are back.
 
-Turn the comparator off with ``context.configure(..., sqlalchemy_tickets_autogenerate=False)``.
+Cut-over: a table that already exists, whose integer primary key becomes a ``TicketId`` drawing
+from a ticket table this same migration creates (the switch from an auto-increment key), also
+gets ``op.sync_ticket_sequence(sequence, table, column)`` after the ``create_ticket_table``: the
+new sequence starts above the ids the table holds when the migration runs.
+
+Every run also makes the script import the modules of the package's column types it writes
+(``import sqlalchemy_tickets`` for ``sqlalchemy_tickets.TicketId(...)``; see
+:func:`~sqlalchemy_tickets.alembic.render.add_type_imports`).
+
+Turn the comparator off with ``context.configure(..., sqlalchemy_tickets_autogenerate=False)``
+(the imports are still written).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import alembic.util
 import sqlalchemy as sa
-from alembic.autogenerate import comparators
-from alembic.autogenerate.api import AutogenContext
 from alembic.operations import ops
 from sqlalchemy.engine import URL
 
@@ -65,9 +73,17 @@ from ..errors import TicketsError
 from ..sources.cache import CachedSource
 from ..sources.default import configured_source
 from ..sources.server import TicketServer
-from .ops import CreateDatacenterTablesOp, CreateTicketTableOp
+from .ops import CreateDatacenterTablesOp, CreateTicketTableOp, SyncTicketSequenceOp
+from .render import add_type_imports
+
+if TYPE_CHECKING:
+    # Only for annotations: while Alembic >= 1.18 loads its plugins, which it does in the middle
+    # of importing alembic.autogenerate, that package cannot be imported from yet.
+    from alembic.autogenerate.api import AutogenContext
 
 __all__ = ["include_object", "is_ticket_table_name", "ticket_tables"]
+
+log = logging.getLogger(__name__)
 
 #: ``context.configure`` option that turns the comparator off when set to False.
 OPTION = "sqlalchemy_tickets_autogenerate"
@@ -163,6 +179,12 @@ def same_database(a: URL, b: URL) -> bool:
     return backend.database_key(a) == backend.database_key(b)
 
 
+def _template(type_: TicketId) -> str:
+    """The table template of a column's source (``TicketServer(table_template=...)``)."""
+    template = getattr(type_.source, "table_template", None)
+    return template if isinstance(template, str) else DEFAULT_TABLE_TEMPLATE
+
+
 def _wanted(
     metadata: sa.MetaData | Iterable[sa.Table],
     database: URL | None = None,
@@ -179,10 +201,7 @@ def _wanted(
             if isinstance(type_, TicketId) and not column.foreign_keys:
                 if only_migrated and not draws_from(type_, database):
                     continue
-                # A source with its own table template (TicketServer(table_template=...)).
-                template = getattr(type_.source, "table_template", None)
-                if not isinstance(template, str):
-                    template = DEFAULT_TABLE_TEMPLATE
+                template = _template(type_)
                 found.setdefault(ticket_table(type_.sequence, type_.bits, template), template)
     return found
 
@@ -212,6 +231,9 @@ def compare_ticket_tables(
     autogen_context: AutogenContext, upgrade_ops: ops.UpgradeOps, schemas: Any
 ) -> None:
     """The ``"schema"``-level comparator (see the module docstring)."""
+    # Whatever the option says: a script that writes sqlalchemy_tickets.TicketId(...) needs
+    # its import.
+    add_type_imports(autogen_context)
     if autogen_context.opts.get(OPTION, True) is False:
         return
     if None not in set(schemas):
@@ -261,6 +283,59 @@ def compare_ticket_tables(
             CreateTicketTableOp(table.sequence, bits=table.bits, table_template=template)
         )
         proposed.add(table.name.lower())
+    upgrade_ops.ops.extend(
+        _cut_overs(autogen_context, metadata_tables, database, proposed, existing)
+    )
+
+
+def _cut_overs(
+    autogen_context: AutogenContext,
+    metadata_tables: list[sa.Table],
+    database: URL | None,
+    new_ticket_tables: set[str],
+    existing: set[str],
+) -> list[SyncTicketSequenceOp]:
+    """``SyncTicketSequenceOp``\\ s for the tables that already exist in the database and whose
+    integer primary key now draws from a ticket table this migration creates (lower-case names
+    in ``new_ticket_tables``): the switch from an auto-increment key to ``TicketId``.
+
+    The rows of such a table hold ids the new sequence never issued; the database the migration
+    runs on later (production) may hold many more than the one compared, so the move is
+    proposed whether the table has rows here or not, and reads ``max(column)`` when it runs.
+    Proposed only together with the ticket table, so the next autogenerate is quiet again.
+    """
+    found: list[SyncTicketSequenceOp] = []
+    for table in metadata_tables:
+        if table.schema is not None or not _exists(table.name, existing, autogen_context):
+            continue
+        reflected: dict[str, Any] | None = None
+        for column in table.primary_key.columns:
+            type_ = column.type
+            if not isinstance(type_, TicketId) or column.foreign_keys:
+                continue
+            template = _template(type_)
+            ticket = ticket_table(type_.sequence, type_.bits, template)
+            if ticket.name.lower() not in new_ticket_tables or not draws_from(type_, database):
+                continue
+            if reflected is None:
+                reflected = {
+                    c["name"].lower(): c
+                    for c in autogen_context.inspector.get_columns(table.name)
+                }
+            before = reflected.get(column.name.lower())
+            if before is None or not isinstance(before["type"], sa.Integer):
+                continue  # a new column, or one whose values no sequence could have issued
+            try:
+                found.append(
+                    SyncTicketSequenceOp(
+                        type_.sequence, table.name, column.name,
+                        bits=type_.bits, table_template=template,
+                    )
+                )
+            except TicketsError as error:
+                log.warning("not proposing to sync %s above %s.%s: %s",
+                            ticket.label, table.name, column.name, error)
+    return found
 
 
 def _tier_prefix(name: str) -> str | None:
@@ -356,13 +431,11 @@ def _compare_tier_tables(
     upgrade_ops.ops = rewritten
 
 
-def _register() -> None:
-    priority = getattr(alembic.util, "DispatchPriority", None)
-    if priority is not None:
-        # Alembic >= 1.18: run after the built-in table comparison, whose DropTableOps we filter.
-        comparators.dispatch_for("schema", priority=priority.LAST)(compare_ticket_tables)
-    else:  # pragma: no cover - Alembic < 1.18 runs third-party comparators after its own
-        comparators.dispatch_for("schema")(compare_ticket_tables)
+def register_globally() -> None:
+    """Put the comparator in Alembic's global registry, which every autogenerate runs: the
+    only registry before Alembic 1.18 (which runs third-party comparators after its own). From
+    1.18 on the comparator belongs to the package's plugin instead (see
+    :mod:`sqlalchemy_tickets.alembic.plugin`)."""
+    from alembic.autogenerate import comparators
 
-
-_register()
+    comparators.dispatch_for("schema")(compare_ticket_tables)

@@ -69,8 +69,11 @@ class _TicketTableOp(MigrateOperation):
         """The name of the ticket table (``tickets__photos``, ``Tickets64``, ...)."""
         return self.ticket_table.name
 
-    def _kwargs(self) -> dict[str, Any]:
-        kw: dict[str, Any] = {"bits": self.bits}
+    def render_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments that differ from the defaults (what autogenerate writes)."""
+        kw: dict[str, Any] = {}
+        if self.bits != 64:
+            kw["bits"] = self.bits
         if self.table_template != DEFAULT_TABLE_TEMPLATE:
             kw["table_template"] = self.table_template
         return kw
@@ -156,10 +159,7 @@ class CreateTicketTableOp(_TicketTableOp):
         return ("add_ticket_table", self.ticket_table)
 
     def render_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments that differ from the defaults (what autogenerate writes)."""
-        kw = self._kwargs()
-        if kw["bits"] == 64:
-            del kw["bits"]
+        kw = super().render_kwargs()
         for name, default in (("start", 1), ("increment", 1), ("offset", 1)):
             value = getattr(self, name)
             if value != default:
@@ -204,12 +204,6 @@ class DropTicketTableOp(_TicketTableOp):
     def to_diff_tuple(self) -> tuple[Any, ...]:
         return ("remove_ticket_table", self.ticket_table)
 
-    def render_kwargs(self) -> dict[str, Any]:
-        kw = self._kwargs()
-        if kw["bits"] == 64:
-            del kw["bits"]
-        return kw
-
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}\Z")
 
@@ -224,9 +218,11 @@ def _identifier(kind: str, name: str) -> str:
 class SyncTicketSequenceOp(_TicketTableOp):
     """Move a sequence above ``max(column)`` of an application table in the same database —
     the cut-over of a model from auto-increment to ``TicketId`` (Flickr synced its Photos
-    sequence to the old auto-increment table). One UPDATE that never moves a sequence down, so
-    it is safe beside running clients, online and in ``--sql`` scripts. Irreversible: its
-    reverse does nothing (ids are never handed out twice)."""
+    sequence to the old auto-increment table). The statement that ``sqlalchemy-tickets sync``
+    runs, with ``max(column)`` read by the database as it runs: one UPDATE that never moves a
+    sequence down, so it is safe beside running clients, and the same online and in ``--sql``
+    scripts. Autogenerate proposes it (see :mod:`sqlalchemy_tickets.alembic.compare`).
+    Irreversible: its reverse does nothing (ids are never handed out twice)."""
 
     def __init__(
         self,
@@ -252,13 +248,25 @@ class SyncTicketSequenceOp(_TicketTableOp):
         bits: int = 64,
         table_template: str = DEFAULT_TABLE_TEMPLATE,
     ) -> None:
-        """Make every id ``sequence`` issues from now on larger than ``max(table.column)``."""
+        """Make every id ``sequence`` issues from now on larger than ``max(table.column)``.
+
+        :param sequence: the sequence name (case-insensitive); ``None``: Flickr's ``Tickets64``
+            (``bits=32``: ``Tickets32``). Its ticket table must exist in the migrated database.
+        :param table: the application table whose ids the sequence must pass.
+        :param column: its integer key (the column an auto-increment filled).
+        """
         operations.invoke(
             cls(sequence, table, column, bits=bits, table_template=table_template)
         )
 
     def reverse(self) -> MigrateOperation:
         return _NoOp()
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        return ("sync_ticket_sequence", self.ticket_table, self.table, self.column)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.table_name} above {self.table}.{self.column}>"
 
 
 @Operations.register_operation("restride_ticket_table")

@@ -105,9 +105,16 @@ def drop_ticket_table(operations: Operations, operation: DropTicketTableOp) -> N
 @Operations.implementation_for(SyncTicketSequenceOp)
 def sync_ticket_sequence(operations: Operations, operation: SyncTicketSequenceOp) -> None:
     backend = _backend(operations)
-    t = backend.table(TableSpec(operation.ticket_table))
+    spec = TableSpec(operation.ticket_table)
+    t = backend.table(spec)
+    if backend.seed_row(spec) is None:
+        # Flickr's table on MySQL/MariaDB starts without its row (the first REPLACE INTO makes
+        # it), and an UPDATE of no row would move nothing: make the row as a legacy client
+        # would, which costs one id that nobody gets.
+        _emit(operations, backend.insert_seed(t, {"stub": "a"}))
     source = sa.table(operation.table, sa.column(operation.column))
     floor = sa.select(sa.func.coalesce(sa.func.max(source.c[operation.column]), 0))
+    # The statement `sqlalchemy-tickets sync` runs, with the floor read by the database.
     _emit(operations, backend.raise_floor_statement(t, floor.scalar_subquery()))
 
 

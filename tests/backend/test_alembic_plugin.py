@@ -1,0 +1,236 @@
+"""A project made by a plain ``alembic init``, run by the real ``alembic`` command: with the
+package installed, autogenerate proposes its ticket tables, writes the imports its column types
+need, and proposes the cut-over of an auto-increment key to ``TicketId``.
+
+The project's files stay as ``alembic init`` wrote them except for the two lines every Alembic
+user edits: ``sqlalchemy.url`` in ``alembic.ini`` and ``target_metadata`` in ``env.py``. Alembic
+older than 1.18 has no plugins; there ``env.py`` also gets the documented
+``import sqlalchemy_tickets.alembic``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from sqlalchemy_tickets import TicketServer
+
+#: Alembic >= 1.18 loads the package's plugin by itself.
+PLUGINS = importlib.util.find_spec("alembic.runtime.plugins") is not None
+
+#: What ``alembic init`` writes, and what a user puts there instead.
+INI_URL = "sqlalchemy.url = driver://user:pass@localhost/dbname"
+ENV_METADATA = "target_metadata = None"
+MANUAL_SET_UP = "import sqlalchemy_tickets.alembic  # Alembic < 1.18: no plugins\n"
+
+MODELS_HEAD = '''
+import os
+
+import sqlalchemy as sa
+from sqlalchemy_tickets import UUID7, PrefixedId, SnowflakeId, TicketId, configure
+
+APP = os.environ["APP_URL"]
+target_metadata = sa.MetaData()
+'''
+
+#: On a SQLite file the embedded default keeps its tickets in a sibling file that it makes
+#: itself, so nothing there is for a migration to create: draw from the application's own file.
+DRAW_FROM_THE_APP = '''
+if APP.startswith("sqlite"):
+    configure(APP)
+'''
+
+
+def _alembic_command() -> list[str]:
+    script = Path(sys.executable).with_name("alembic")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "alembic"]
+
+
+@pytest.fixture(scope="module")
+def initialized(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What ``alembic init migrations`` writes, once for the module (each test copies it)."""
+    where = tmp_path_factory.mktemp("alembic_init")
+    result = subprocess.run(
+        [*_alembic_command(), "init", "migrations"],
+        cwd=where, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return where
+
+
+@pytest.fixture
+def project(initialized: Path, tmp_path: Path) -> Callable[[str], Path]:
+    """``project(url) -> directory``: a copy of the ``alembic init`` project, with the two
+    lines a user edits: the database URL, and ``target_metadata`` taken from ``models.py``
+    (written by each test; ``alembic.ini``'s ``prepend_sys_path = .`` makes it importable)."""
+
+    def make(url: str) -> Path:
+        where = tmp_path / "project"
+        shutil.copytree(initialized, where)
+        ini = where / "alembic.ini"
+        text = ini.read_text()
+        assert INI_URL in text
+        # configparser interpolates "%": a URL's escapes must be doubled.
+        ini.write_text(text.replace(INI_URL, "sqlalchemy.url = " + url.replace("%", "%%")))
+        env = where / "migrations" / "env.py"
+        text = env.read_text()
+        assert ENV_METADATA in text and "sqlalchemy_tickets" not in text
+        # The only edit to env.py (plus, on Alembic < 1.18, the documented manual set-up).
+        edit = "from models import target_metadata\n"
+        env.write_text(text.replace(ENV_METADATA, edit if PLUGINS else MANUAL_SET_UP + edit))
+        assert "sqlalchemy_tickets" not in (where / "migrations" / "script.py.mako").read_text()
+        return where
+
+    return make
+
+
+def alembic(where: Path, *args: str, app: str) -> str:
+    """The real ``alembic`` command in the project's directory; fails the test on an error."""
+    result = subprocess.run(
+        [*_alembic_command(), *args],
+        cwd=where, env={**os.environ, "APP_URL": app},
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def autogenerate(where: Path, message: str, *, app: str) -> str:
+    """``alembic revision --autogenerate``; the text of the script it wrote."""
+    before = set((where / "migrations" / "versions").glob("*.py"))
+    alembic(where, "revision", "--autogenerate", "-m", message, app=app)
+    (script,) = set((where / "migrations" / "versions").glob("*.py")) - before
+    return script.read_text()
+
+
+def upgrade_ops(script: str) -> list[str]:
+    """The ``op.`` calls of a script's ``upgrade()``, in order (first line of each)."""
+    body = script.split("def upgrade()")[1].split("def downgrade()")[0]
+    return [line.strip() for line in body.splitlines() if line.strip().startswith("op.")]
+
+
+def imported(script: str) -> set[str]:
+    return set(re.findall(r"^import ([\w.]+)", script, re.M))
+
+
+def table_names(url: str) -> set[str]:
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return {name.lower() for name in sa.inspect(conn).get_table_names()}
+    finally:
+        engine.dispose()
+
+
+def next_id(url: str, sequence: str, *, bits: int = 64) -> int:
+    """The next id of a ticket table that the migrations made (never one made here)."""
+    server = TicketServer(url, create_missing=False)
+    try:
+        return server.next_id(sequence, bits=bits)
+    finally:
+        server.close()
+
+
+@pytest.mark.backend("sqlite", "postgresql", "mysql")
+def test_plain_project_autogenerates_and_upgrades(
+    backend: str, make_database: Callable[[str], str], project: Callable[[str], Path]
+) -> None:
+    url = make_database(backend)
+    where = project(url)
+    (where / "models.py").write_text(MODELS_HEAD + DRAW_FROM_THE_APP + '''
+sa.Table("photos", target_metadata, sa.Column("id", TicketId("Photos"), primary_key=True),
+         sa.Column("title", sa.String(200)))
+sa.Table("posts", target_metadata, sa.Column("id", PrefixedId("post"), primary_key=True),
+         sa.Column("token", UUID7()), sa.Column("event", SnowflakeId()))
+''')
+    script = autogenerate(where, "models", app=url)
+
+    assert "op.create_ticket_table('photos')" in upgrade_ops(script)
+    assert "op.drop_ticket_table('photos')" in script
+    for rendered in ("TicketId('photos')", "PrefixedId('post')", "UUID7()", "SnowflakeId()"):
+        assert f"sqlalchemy_tickets.{rendered}" in script
+    # What the script uses, it imports: the types' module, and the operations' registration.
+    assert {"sqlalchemy_tickets", "sqlalchemy_tickets.alembic"} <= imported(script)
+
+    alembic(where, "upgrade", "head", app=url)
+    assert {"photos", "posts", "tickets__photos"} <= table_names(url)
+    assert next_id(url, "photos") == 1
+
+
+@pytest.mark.backend("sqlite")
+def test_a_script_without_ticket_operations_imports_the_types_it_writes(
+    make_database: Callable[[str], str], project: Callable[[str], Path]
+) -> None:
+    """No operation of the package, so no ``import sqlalchemy_tickets.alembic`` to lean on:
+    the columns alone bring ``import sqlalchemy_tickets`` (else: a NameError at upgrade)."""
+    url, tickets = make_database("sqlite"), make_database("sqlite")
+    where = project(url)
+    (where / "models.py").write_text(MODELS_HEAD + f'''
+configure({tickets!r})   # a dedicated ticket server: its tables are not this migration's
+sa.Table("photos", target_metadata, sa.Column("id", TicketId("Photos"), primary_key=True))
+sa.Table("posts", target_metadata, sa.Column("id", PrefixedId("post"), primary_key=True),
+         sa.Column("token", UUID7()), sa.Column("event", SnowflakeId()))
+''')
+    script = autogenerate(where, "models", app=url)
+    assert not any("ticket" in op for op in upgrade_ops(script))
+    assert "sqlalchemy_tickets.TicketId('photos')" in script
+    assert "sqlalchemy_tickets.alembic" not in script
+    assert "sqlalchemy_tickets" in imported(script)
+
+    alembic(where, "upgrade", "head", app=url)
+    assert {"photos", "posts"} <= table_names(url)
+    assert "tickets__photos" not in table_names(url) | table_names(tickets)
+
+
+@pytest.mark.backend("sqlite", "postgresql", "mysql")
+def test_cut_over_from_auto_increment_moves_the_sequence_above_the_rows(
+    backend: str, make_database: Callable[[str], str], project: Callable[[str], Path]
+) -> None:
+    url = make_database(backend)
+    where = project(url)
+
+    # The application as it was, before it had migrations: an auto-increment key (SERIAL,
+    # AUTO_INCREMENT, SQLite's rowid), rows in it.
+    before = sa.MetaData()
+    photos = sa.Table("photos", before, sa.Column("id", sa.Integer, primary_key=True),
+                      sa.Column("title", sa.String(200)))
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        before.create_all(engine)
+        with engine.begin() as conn:
+            conn.execute(sa.insert(photos), [{"title": "a"}, {"title": "b"}])
+            conn.execute(sa.insert(photos), [{"id": 500, "title": "imported"}])
+    finally:
+        engine.dispose()
+
+    # The model switched to TicketId. SQLite cannot change a column's type without batch mode,
+    # which a plain env.py does not use: there the 32-bit ids keep the INTEGER column as it is.
+    bits = 32 if backend == "sqlite" else 64
+    (where / "models.py").write_text(MODELS_HEAD + DRAW_FROM_THE_APP + f'''
+sa.Table("photos", target_metadata,
+         sa.Column("id", TicketId("Photos", bits={bits}), primary_key=True),
+         sa.Column("title", sa.String(200)))
+''')
+    script = autogenerate(where, "tickets", app=url)
+    width = "" if bits == 64 else ", bits=32"
+    ops = upgrade_ops(script)
+    create = f"op.create_ticket_table('photos'{width})"
+    sync = f"op.sync_ticket_sequence('photos', 'photos', 'id'{width})"
+    assert create in ops and sync in ops
+    assert ops.index(create) < ops.index(sync)
+    assert "sync_ticket_sequence" not in script.split("def downgrade()")[1]  # irreversible
+    assert "sqlalchemy_tickets.alembic" in imported(script)
+
+    alembic(where, "upgrade", "head", app=url)
+    assert next_id(url, "photos", bits=bits) > 500
+    # Proposed with the ticket table only: the next autogenerate has nothing to do.
+    assert upgrade_ops(autogenerate(where, "nothing", app=url)) == []
