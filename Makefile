@@ -32,9 +32,9 @@ LOWEST_PYTHON ?= $(shell for p in python$(LOWEST_PYTHON_VERSION) \
 	"$$p" -c 'import sys; assert sys.version.startswith("$(LOWEST_PYTHON_VERSION).")' \
 	2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: demo test installed suite lowest pgbouncer galera lint bench clean
+.PHONY: demo test installed suite lowest pgbouncer galera driver-deps lint bench clean
 
-$(BIN)/activate: pyproject.toml
+$(BIN)/activate: pyproject.toml | driver-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip uv
 	$(UV_PIP) install --quiet --upgrade --python $(BIN)/python -e '.[dev]'
@@ -46,7 +46,7 @@ demo:
 	$(DEMO_VENV)/bin/pip install --quiet .
 	cd $(CURDIR) && $(DEMO_VENV)/bin/sqlalchemy-tickets demo
 
-test: $(BIN)/activate pgbouncer galera
+test: $(BIN)/activate pgbouncer galera driver-deps
 	$(BIN)/mypy
 	$(MAKE) --no-print-directory installed
 	$(MAKE) --no-print-directory --jobs=$(SUITE_JOBS) --output-sync=target suite lowest
@@ -64,7 +64,7 @@ installed: $(BIN)/activate
 	"$$tmp/venv/bin/pip" install --quiet $(DIST)/*.whl && \
 	cd "$$tmp" && "$$tmp/venv/bin/python" $(CURDIR)/tests/install/smoke.py
 
-$(LOWEST_VENV)/bin/activate: pyproject.toml | $(BIN)/activate
+$(LOWEST_VENV)/bin/activate: pyproject.toml | $(BIN)/activate driver-deps
 	@test -n "$(LOWEST_PYTHON)" || { echo "Python $(LOWEST_PYTHON_VERSION), the lowest that" \
 	  "pyproject.toml declares, was not found: install it or set LOWEST_PYTHON=/path/to/python"; \
 	  exit 1; }
@@ -94,6 +94,14 @@ galera:
 	  echo "installing Galera (Debian packages galera-4 rsync iproute2) for the Galera tests"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq && apt-get install -y -qq galera-4 rsync iproute2; }
+
+# mysqlclient, a test dependency, compiles against the MariaDB client library, which it finds
+# through pkg-config: Debian's packages libmariadb-dev and pkg-config.
+driver-deps:
+	@pkg-config --exists libmariadb 2>/dev/null || { \
+	  echo "installing the MariaDB client library (Debian packages libmariadb-dev pkg-config) for mysqlclient"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq libmariadb-dev pkg-config; }
 
 lint: $(BIN)/activate
 	$(BIN)/ruff check src tests benchmarks

@@ -60,7 +60,7 @@ from .admin import (
     sync_sequence,
     table_max,
 )
-from .dialects import backend_for
+from .dialects import DriverNotInstalledError, backend_for
 from .errors import TicketsError, UnknownSequenceError
 from .sources.datacenter import TierStatus, create_datacenter_tables, describe_datacenter
 from .sources.lease import create_lease_table
@@ -151,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cmd.check(args)
             if cmd.servers is not None:
                 args.servers = _build_servers(resolve_urls(args), cmd.servers)
+        except DriverNotInstalledError as error:
+            return _fail(error, 1)  # the environment lacks something; the arguments are fine
         except (_Usage, TicketsError) as error:
             return _fail(error, 2)
         if cmd.existing:

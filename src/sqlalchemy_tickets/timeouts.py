@@ -5,10 +5,13 @@ COMMITs, ROLLBACKs and pings that take longer fail with the driver's connection 
 :func:`~sqlalchemy_tickets.retry_session` and :func:`~sqlalchemy_tickets.async_retry_session`
 retry. How, per driver:
 
-* PyMySQL: its own connect/read/write timeouts.
-* psycopg (synchronous): psycopg has no client-side read timeout, so its connections are made
-  with calls bounded by the library's watchdog, a thread that shuts the socket down when a call
-  outlives its deadline; the blocked call then fails at once with a connection error.
+* PyMySQL: its own connect/read/write timeouts; mysqlclient: the same, in whole seconds (the
+  bound rounded up).
+* psycopg and psycopg2 (synchronous): neither has a client-side read timeout, so their
+  connections are made with calls bounded by the library's watchdog, a thread that shuts the
+  socket down when a call outlives its deadline; the blocked call then fails at once with a
+  connection error. The connect is bounded by libpq's ``connect_timeout`` (whole seconds, at
+  least 2).
 * asyncio drivers (psycopg async, asyncpg, aiomysql): the connect, handshake included, is bounded
   by ``asyncio.wait_for`` (with SQLAlchemy 2.0.16+; before it, by the driver's own connect
   timeout); then every statement, COMMIT, ROLLBACK and ping arms the same watchdog on the
@@ -16,8 +19,9 @@ retry. How, per driver:
   dies, is invalidated by SQLAlchemy and replaced by the pool.
 * SQLite (pysqlite, aiosqlite): the busy timeout; a file has no network to hang.
 
-Each backend module says where its drivers keep their socket (``socket_fd``); a driver the
-library does not know is refused with a message naming it.
+Each backend module says where its drivers keep their socket (``socket_fd``) and which drivers
+it can bound (``timeout_drivers``); any other driver (pg8000, MariaDB Connector/Python, asyncmy...)
+is refused when ``apply_timeouts`` is called, with a message naming it and the supported ones.
 """
 
 from __future__ import annotations
@@ -97,9 +101,8 @@ def apply_timeouts(engine: Engine | AsyncEngine, seconds: float) -> Engine | Asy
         )
     backend = backend_for(sync_engine.dialect.name)
     is_async = bool(sync_engine.dialect.is_async)
-    if is_async:
-        # Refuse a driver that cannot be bounded now, not at its first connect.
-        backend.async_connect_timeout(sync_engine.dialect, {}, float(seconds))
+    # Refuse a driver that cannot be bounded now, not at its first connect.
+    backend.check_timeouts(sync_engine.dialect)
     with _bounds_lock:
         bound = _bounds.get(sync_engine)
         if bound is not None:

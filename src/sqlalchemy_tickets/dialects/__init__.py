@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .base import TicketBackend, backend_for, register_backend
+from .base import DriverNotInstalledError, TicketBackend, backend_for, register_backend
 
-__all__ = ["TicketBackend", "backend_for", "register_backend"]
+__all__ = ["DriverNotInstalledError", "TicketBackend", "backend_for", "register_backend"]

@@ -46,6 +46,7 @@ from sqlalchemy.engine import URL, Dialect, Engine, make_url
 from .. import _process
 from .._naming import check_seconds
 from ..errors import DatabaseUnavailable, TicketsError
+from ._driven import CONNECT_TIMEOUT, driven_url
 from .base import ConnectParams, TicketBackend, backend_for
 
 if TYPE_CHECKING:
@@ -231,8 +232,10 @@ class OwnEngine:
     Args:
         bind: a URL, or the application's ``Engine``, whose way of connecting is inherited
             (see the module docstring for what is and is not). An ``AsyncEngine``'s
-            connections cannot be used synchronously: its URL is used, on the synchronous
-            driver of the same database.
+            connections cannot be used synchronously: its URL is used, on a synchronous driver
+            of the same database that is installed, else on its own asyncio driver driven
+            synchronously (:meth:`TicketBackend.sync_url`); so is a URL of an asyncio driver,
+            or of a driver whose round trips cannot be bounded.
         timeout: seconds a connect, or a unit of work, may take.
         pool_size: connections kept in the pool (``max_overflow``: twice as many more).
         what: how messages name this database (``"ticket server"``, ``"worker lease
@@ -262,12 +265,12 @@ class OwnEngine:
         app = engine_of(bind)
         url = app.url if app is not None else to_url(bind)  # type: ignore[arg-type]
         self.backend: TicketBackend = backend_for(url.get_backend_name())
-        if app is not None:
-            if embedded:
-                url = self.backend.embedded_url(url)
-            if app.dialect.is_async:
-                url = url.set(drivername=self.backend.sync_drivername)
+        if app is not None and embedded:
+            url = self.backend.embedded_url(url)
+        url = self.backend.sync_url(url, bool(app.dialect.is_async) if app is not None else None)
         self.url: URL = url
+        #: Whether the connections are an asyncio driver's, driven synchronously.
+        self.driven = url.get_driver_name() in self.backend.drivable
         #: Whether connections come from the application's engine (else from the URL alone).
         self.inherits = app is not None and not app.dialect.is_async and url == app.url
         self._app: Callable[[], Engine | None] | None = None
@@ -276,6 +279,10 @@ class OwnEngine:
             _listen_for_inheritance(app)
             self._app = weakref.ref(app) if embedded else (lambda app=app: app)
         self._params = self.backend.own_connect_params(url.get_driver_name(), self.timeout)
+        if self.driven:
+            # The driver's own connect timeout, where it has one, may not cover the handshake.
+            forced = {**self._params.forced, CONNECT_TIMEOUT: self.timeout}
+            self._params = ConnectParams(self._params.defaults, forced)
         options = self.backend.own_engine_options(url)
         if "poolclass" not in options:
             options.update(
@@ -286,14 +293,16 @@ class OwnEngine:
             options["creator"] = self._inherited_connection
         try:
             self.engine: Engine = sa.create_engine(
-                url,
+                driven_url(url) if self.driven else url,
                 isolation_level="AUTOCOMMIT",
                 # Autocommit connections hold no transaction: a rollback on return would only
                 # cost a round trip per checkin.
                 pool_reset_on_return=None,
                 **options,
             )
-        except (sa_exc.ArgumentError, ImportError, sa_exc.NoSuchModuleError) as error:
+        except ImportError as error:
+            raise self.backend.missing_driver(url, error) from error
+        except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError) as error:
             raise TicketsError(f"cannot use {url.render_as_string()!r}: {error}") from error
         if not self.inherits:
             event.listen(self.engine, "do_connect", self._from_url)

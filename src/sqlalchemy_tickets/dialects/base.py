@@ -8,6 +8,7 @@ sources run straight on a DBAPI cursor: a ticket round trip is on every insert's
 
 from __future__ import annotations
 
+import functools
 import importlib
 import threading
 import zlib
@@ -28,6 +29,11 @@ from .._naming import (
     first_id,
 )
 from ..errors import TicketsError
+
+
+class DriverNotInstalledError(TicketsError):
+    """The driver a database URL needs is not installed (the message says what to install):
+    a matter of the environment, not of the URL."""
 
 # Backend modules are imported lazily: a SQLite user need not have psycopg installed.
 _MODULES = {
@@ -80,6 +86,20 @@ def backend_for(dialect_name: str) -> TicketBackend:
         importlib.import_module(module)
         backend = _registry[dialect_name]
     return backend
+
+
+@functools.cache
+def driver_installed(backend: str, driver: str, *, greenlet: bool = False) -> bool:
+    """Whether SQLAlchemy's ``backend+driver`` dialect can import its driver (``greenlet``: and
+    greenlet, which an asyncio driver used synchronously needs too)."""
+    try:
+        dialect = sa.dialects.registry.load(f"{backend}.{driver}")
+        dialect.import_dbapi()
+        if greenlet:
+            importlib.import_module("greenlet")
+    except Exception:  # ImportError, or a driver that fails its own import (no libpq)
+        return False
+    return True
 
 
 def transport_fd(transport: Any) -> int | None:
@@ -227,8 +247,19 @@ class TicketBackend:
 
     # -- the library's own connections (dialects/_connect.py runs them) -------------------
 
-    #: The synchronous driver the library's own engines use when the application's is async.
-    sync_drivername: ClassVar[str] = ""
+    #: The synchronous drivers the library's own connections can use (their round trips can be
+    #: bounded: see :meth:`own_connect_params` and :meth:`socket_fd`), preferred first.
+    sync_drivers: ClassVar[tuple[str, ...]] = ()
+
+    #: asyncio drivers the library's own connections may use synchronously (``_driven.py``)
+    #: where none of :attr:`sync_drivers` is installed.
+    drivable: ClassVar[frozenset[str]] = frozenset()
+
+    #: The extra of ``sqlalchemy-tickets`` that installs this backend's preferred driver.
+    extra: ClassVar[str] = ""
+
+    #: What ``pip install`` takes for each driver, where it is not the driver's own name.
+    driver_packages: ClassVar[Mapping[str, str]] = {}
 
     def own_connect_params(self, driver: str, timeout: float) -> ConnectParams:
         """What the library adds to the DBAPI connect arguments of its own connections on
@@ -246,15 +277,60 @@ class TicketBackend:
         """Adjust a connection an application's own ``creator`` made, which the library's
         connect arguments never reached (psycopg: no server-side prepared statements)."""
 
-    def sync_url(self, url: URL) -> URL:
-        """``url`` on this backend's synchronous driver when it names an asyncio driver
-        (``mysql+aiomysql``, ``postgresql+asyncpg``...): ticket round trips run on their own
-        threads and connections, never on an event loop."""
+    def sync_url(self, url: URL, is_async: bool | None = None) -> URL:
+        """``url`` on a driver the library's own connections can use: ticket round trips run
+        on their own threads and connections, never on an event loop, and are bounded.
+
+        ``url`` itself when it names one of :attr:`sync_drivers` (not checked for being
+        installed here: connecting says so, see :meth:`missing_driver`). Otherwise (an asyncio
+        driver, or one whose round trips cannot be bounded) the same database on the first of
+        :attr:`sync_drivers` that is installed, else on the asyncio driver itself, driven
+        synchronously, where it is :attr:`drivable` and installed.
+
+        ``is_async`` says whether the engine ``url`` comes from is an asyncio one (psycopg's
+        URLs name both); ``None``: as the URL's dialect says.
+
+        Raises:
+            DriverNotInstalledError: nothing installed fits; the message names the extra.
+        """
+        driver = url.get_driver_name()
         try:
-            is_async = bool(url.get_dialect().is_async)
+            dialect = url.get_dialect()
         except Exception:  # an unknown driver: create_engine says so in its own words
             return url
-        return url.set(drivername=self.sync_drivername) if is_async else url
+        if is_async is None:
+            is_async = bool(dialect.is_async)
+        if driver in self.sync_drivers and not is_async:
+            return url
+        backend = url.get_backend_name()
+        for candidate in self.sync_drivers:
+            if driver_installed(backend, candidate):
+                return url.set(drivername=f"{backend}+{candidate}")
+        # Its own asyncio driver first: its URL's query is written for it.
+        for candidate in sorted(self.drivable, key=lambda name: name != driver):
+            if driver_installed(backend, candidate, greenlet=True):
+                return url.set(drivername=f"{backend}+{candidate}")
+        kind = "an asyncio driver" if is_async else "a driver whose round trips it cannot bound"
+        raise DriverNotInstalledError(
+            f"{url.render_as_string()}: the library's own connections need a synchronous "
+            f"driver of {backend} ({', '.join(self.sync_drivers)}), since {driver} is {kind}, "
+            f"and none is installed: {self.install_hint()}"
+        )
+
+    def install_hint(self, driver: str | None = None) -> str:
+        """How to install ``driver`` (default: this backend's preferred driver)."""
+        extra = f"pip install 'sqlalchemy-tickets[{self.extra}]'" if self.extra else ""
+        if driver is None or (self.sync_drivers and driver == self.sync_drivers[0]):
+            return extra
+        package = f"pip install {self.driver_packages.get(driver, driver)}"
+        return f"{package} (or {extra} for {self.sync_drivers[0]})" if extra else package
+
+    def missing_driver(self, url: URL, error: ImportError) -> DriverNotInstalledError:
+        """The error for an engine on ``url`` whose driver cannot be imported."""
+        return DriverNotInstalledError(
+            f"{url.render_as_string()}: the {url.get_driver_name()} driver is not installed "
+            f"({error}): {self.install_hint(url.get_driver_name())}"
+        )
 
     def embedded_url(self, app_url: URL) -> URL:
         """Where the embedded default keeps the ticket tables of an application database."""
@@ -271,16 +347,42 @@ class TicketBackend:
         it first, so that looking does not create a database (a SQLite file) as a side effect."""
         return None
 
+    #: The drivers :func:`~sqlalchemy_tickets.apply_timeouts` can bound: synchronous ones, then
+    #: asyncio ones.
+    timeout_drivers: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = ((), ())
+
+    def check_timeouts(self, dialect: Dialect) -> None:
+        """Refuse, with a :class:`TicketsError` naming the drivers that can be, an application
+        engine on ``dialect`` whose round trips cannot be bounded."""
+        sync, asyncio = self.timeout_drivers
+        if dialect.driver in (asyncio if dialect.is_async else sync):
+            return
+        supported = "; ".join(
+            f"{kind} {', '.join(drivers)}"
+            for kind, drivers in (("synchronous:", sync), ("asyncio:", asyncio))
+            if drivers
+        )
+        if dialect.is_async:
+            why = (
+                f"timeouts are not supported for the asyncio driver {dialect.name}+"
+                f"{dialect.driver}: the library does not know where its connections keep their "
+                "socket, so a hung round trip could not be cut short"
+            )
+        else:
+            why = (
+                f"timeouts are not supported for {dialect.name}+{dialect.driver}: the library "
+                "knows neither a read timeout of that driver nor where its connections keep "
+                "their socket, so a hung round trip could not be cut short"
+            )
+        raise TicketsError(f"{why} (supported for {dialect.name}: {supported or 'none'})")
+
     def connect_with_timeout(
         self, dialect: Dialect, cargs: Any, cparams: dict[str, Any], seconds: float
     ) -> Any:
         """For an application engine: add the driver's own timeouts to ``cparams``, or return a
         DBAPI connection whose round trips are bounded (``None``: connect as usual)."""
-        raise TicketsError(
-            f"timeouts are not supported for {dialect.name}+{dialect.driver}: the library knows "
-            "neither a read timeout of that driver nor where its connections keep their socket, "
-            "so a hung round trip could not be cut short"
-        )
+        self.check_timeouts(dialect)
+        raise NotImplementedError
 
     def socket_fd(self, dbapi_connection: Any) -> int | None:
         """The socket under a DBAPI connection (or an asyncio driver's connection), so a
@@ -297,11 +399,8 @@ class TicketBackend:
 
         Raises :class:`TicketsError` naming the driver and why when it cannot be bounded.
         """
-        raise TicketsError(
-            f"timeouts are not supported for the asyncio driver {dialect.name}+{dialect.driver}: "
-            "the library does not know where its connections keep their socket, so a hung "
-            "round trip could not be cut short"
-        )
+        self.check_timeouts(dialect)
+        raise NotImplementedError
 
     def connect_timeout_error(self, dbapi: Any, message: str) -> Exception:
         """The DBAPI error a connect that outlived its bound raises (a connection error, so
@@ -697,14 +796,16 @@ class TicketBackend:
     # -- statement cache -----------------------------------------------------------------
 
     def __init__(self) -> None:
-        self._statements: dict[tuple[str, TicketTable, str], RawStatement] = {}
+        self._statements: dict[tuple[str, str, str, TicketTable, str], RawStatement] = {}
         self._lock = threading.Lock()
 
     def statement(
         self, dialect: Dialect, table: TicketTable, key: str, build: Any
     ) -> RawStatement:
         """The compiled statement ``key`` for ``table``, built by ``build(sa_table)`` once."""
-        cache_key = (dialect.name, table, key)
+        # Per driver too: drivers of one database differ in paramstyle (psycopg's
+        # ``%(name)s``, asyncpg's ``$1``).
+        cache_key = (dialect.name, dialect.driver, dialect.paramstyle, table, key)
         found = self._statements.get(cache_key)
         if found is None:
             with self._lock:

@@ -1,5 +1,9 @@
-"""MySQL and MariaDB (PyMySQL): ``UPDATE … SET id = LAST_INSERT_ID(id + step)``, read from the
-OK packet's insert id, so a block costs one round trip and no result set.
+"""MySQL and MariaDB: ``UPDATE … SET id = LAST_INSERT_ID(id + step)``, read from the OK packet's
+insert id, so a block costs one round trip and no result set.
+
+The library's own connections use PyMySQL, else mysqlclient, else MariaDB Connector/Python,
+each with its own connect, read and write timeouts, else aiomysql or asyncmy driven
+synchronously (``_driven.py``), whose round trips the watchdog bounds (see ``socket_fd``).
 
 Flickr's ``Tickets64``/``Tickets32`` tables keep their published schema (unsigned auto-increment
 ``id``, unique ``stub``) and take their stride from the server's ``auto_increment_increment`` /
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import math
 import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -43,12 +48,41 @@ _CANNOT_CONNECT = 2003
 #: 2003 cannot connect, 2006 server has gone away, 2013 lost connection during query,
 #: 4031 disconnected by the server for inactivity.
 _RETRYABLE_CODES = frozenset({1205, 1213, 1053, 1927, 2003, 2006, 2013, 4031})
+#: Where the errors of the drivers whose error codes are read are defined (aiomysql raises
+#: PyMySQL's).
+_DRIVER_MODULES = ("pymysql", "MySQLdb", "asyncmy", "mariadb")
+
+
+def _error_code(error: BaseException) -> int | None:
+    """The server's or client's error number: the first argument of PyMySQL's, mysqlclient's
+    and asyncmy's errors, ``errno`` of MariaDB Connector/Python's."""
+    errno = getattr(error, "errno", None)
+    if isinstance(errno, int) and errno > 0:
+        return errno
+    args: tuple[Any, ...] = getattr(error, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+def _timeouts(driver: str, seconds: float) -> dict[str, Any]:
+    """The connect arguments that bound a connection of ``driver`` (none: its round trips are
+    bounded otherwise, or not at all)."""
+    if driver == "pymysql":
+        value: float = seconds
+    elif driver in ("mysqldb", "mariadbconnector"):
+        value = max(1, math.ceil(seconds))  # whole seconds in the C client
+    else:
+        return {}
+    return {"connect_timeout": value, "read_timeout": value, "write_timeout": value}
 
 
 @register_backend("mysql", "mariadb")
 class MySQLBackend(TicketBackend):
     flickr_stride_from_server = True
-    sync_drivername = "mysql+pymysql"
+    sync_drivers = ("pymysql", "mysqldb", "mariadbconnector")
+    drivable = frozenset({"aiomysql", "asyncmy"})
+    extra = "mysql"
+    driver_packages = {"mysqldb": "mysqlclient", "mariadbconnector": "mariadb"}
+    timeout_drivers = (("pymysql", "mysqldb"), ("aiomysql",))
 
     def __init__(self) -> None:
         super().__init__()
@@ -58,18 +92,13 @@ class MySQLBackend(TicketBackend):
     def connect_with_timeout(
         self, dialect: Dialect, cargs: Any, cparams: dict[str, Any], seconds: float
     ) -> Any:
-        if dialect.driver != "pymysql":
-            return super().connect_with_timeout(dialect, cargs, cparams, seconds)
-        for key in ("connect_timeout", "read_timeout", "write_timeout"):
-            cparams.setdefault(key, seconds)
+        self.check_timeouts(dialect)
+        for key, value in _timeouts(dialect.driver, seconds).items():
+            cparams.setdefault(key, value)
         return None
 
     def own_connect_params(self, driver: str, timeout: float) -> ConnectParams:
-        if driver != "pymysql":
-            return ConnectParams()
-        return ConnectParams(
-            forced={"connect_timeout": timeout, "read_timeout": timeout, "write_timeout": timeout}
-        )
+        return ConnectParams(forced=_timeouts(driver, timeout))
 
     def socket_fd(self, dbapi_connection: Any) -> int | None:
         # SQLAlchemy's asyncio adapters hold the driver's connection as driver_connection.
@@ -77,9 +106,17 @@ class MySQLBackend(TicketBackend):
         sock = getattr(conn, "_sock", None)  # PyMySQL
         if sock is not None:
             return int(sock.fileno())
-        # aiomysql keeps its asyncio stream writer, whose transport holds the socket.
+        fileno = getattr(conn, "fileno", None)  # mysqlclient
+        if fileno is not None:
+            try:
+                return int(fileno())
+            except Exception:  # closed: the call fails by itself, nothing to watch
+                return None
+        # aiomysql keeps its asyncio stream writer, whose transport holds the socket; asyncmy
+        # the transport itself.
         writer = getattr(conn, "_writer", None)
-        return transport_fd(getattr(writer, "transport", None))
+        transport = getattr(writer, "transport", None) or getattr(conn, "_transport", None)
+        return transport_fd(transport)
 
     def async_connect_timeout(
         self, dialect: Dialect, cparams: dict[str, Any], seconds: float
@@ -205,7 +242,7 @@ class MySQLBackend(TicketBackend):
             try:
                 row = stmt.execute(cursor).fetchone()
             except Exception as error:
-                if getattr(error, "args", (None,))[0] != _NEEDS_PROCESS_PRIVILEGE:
+                if _error_code(error) != _NEEDS_PROCESS_PRIVILEGE:
                     raise
                 self._no_table_ids.add(dialect)
         if row is None:
@@ -256,14 +293,12 @@ class MySQLBackend(TicketBackend):
         return [sa.literal_column("@@server_id"), created]
 
     def is_retryable(self, error: BaseException) -> bool:
-        if not type(error).__module__.startswith("pymysql"):
+        if not type(error).__module__.startswith(_DRIVER_MODULES):
             return False
-        args: tuple[Any, ...] = getattr(error, "args", ())
-        return len(args) > 0 and args[0] in _RETRYABLE_CODES
+        return _error_code(error) in _RETRYABLE_CODES
 
     def is_missing_table(self, error: BaseException) -> bool:
-        args: tuple[Any, ...] = getattr(error, "args", ())
-        return len(args) > 0 and args[0] == _NO_SUCH_TABLE
+        return _error_code(error) == _NO_SUCH_TABLE
 
     may_be_clustered = True
 
@@ -274,8 +309,7 @@ class MySQLBackend(TicketBackend):
         return str(row[1]) if row is not None and row[1] else None
 
     def is_conflict(self, error: BaseException) -> bool:
-        args: tuple[Any, ...] = getattr(error, "args", ())
-        return len(args) > 0 and args[0] == _DEADLOCK
+        return _error_code(error) == _DEADLOCK
 
 
 def _lock_name(table: TicketTable) -> str:

@@ -1,7 +1,10 @@
-"""PostgreSQL (psycopg 3): ``UPDATE … RETURNING`` on a one-row table, in autocommit.
+"""PostgreSQL: ``UPDATE … RETURNING`` on a one-row table, in autocommit.
 
-psycopg has no client-side read timeout, so a server that accepts and never answers is cut short
-by the watchdog of ``_connect.py``, which shuts down the connection's socket (see ``socket_fd``).
+The library's own connections use psycopg 3, else psycopg2, else asyncpg driven synchronously
+(``_driven.py``). None of them has a client-side read timeout, so a server that accepts and never
+answers is cut short by the watchdog of ``_connect.py``, which shuts down the connection's socket
+(see ``socket_fd``). pg8000 is not used: its socket timeout surfaces as a bare ``TimeoutError``
+rather than as the driver's connection error, and it keeps its socket to itself.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
@@ -55,7 +59,11 @@ _IDENTITY = sa.text(
 
 @register_backend("postgresql")
 class PostgreSQLBackend(ReturningBackend):
-    sync_drivername = "postgresql+psycopg"
+    sync_drivers = ("psycopg", "psycopg2")
+    drivable = frozenset({"asyncpg"})
+    extra = "postgresql"
+    driver_packages = {"psycopg": "'psycopg[binary]'", "psycopg2": "psycopg2-binary"}
+    timeout_drivers = (("psycopg", "psycopg2"), ("psycopg", "asyncpg"))
     # The take itself refuses a table whose OID or timeline changed: no extra round trip.
     identity_in_block = True
     identity_in_block_complete = True
@@ -92,15 +100,38 @@ class PostgreSQLBackend(ReturningBackend):
     def connect_with_timeout(
         self, dialect: Dialect, cargs: Any, cparams: dict[str, Any], seconds: float
     ) -> Any:
-        if dialect.driver != "psycopg" or dialect.is_async:
-            return super().connect_with_timeout(dialect, cargs, cparams, seconds)
+        self.check_timeouts(dialect)
         cparams.setdefault("connect_timeout", _connect_timeout(seconds))
-        cparams.setdefault("cursor_factory", _timed_classes()[1])
-        conn = _timed_classes()[0].connect(*cargs, **cparams)
+        if dialect.driver == "psycopg":
+            cparams.setdefault("cursor_factory", _timed_classes()[1])
+            conn = _timed_classes()[0].connect(*cargs, **cparams)
+        else:
+            import psycopg2.extensions
+
+            # Subclasses of the application's own factories, if it gave any: theirs still
+            # apply, and every call is bounded all the same.
+            connection_class, cursor_class = _timed_psycopg2_classes(
+                cparams.pop("connection_factory", None) or psycopg2.extensions.connection,
+                cparams.pop("cursor_factory", None) or psycopg2.extensions.cursor,
+            )
+            conn = dialect.loaded_dbapi.connect(
+                *cargs, connection_factory=connection_class, cursor_factory=cursor_class,
+                **cparams,
+            )
         conn.tickets_timeout = seconds
         return conn
 
     def own_connect_params(self, driver: str, timeout: float) -> ConnectParams:
+        if driver == "asyncpg":
+            return ConnectParams({
+                "server_settings": {"application_name": "sqlalchemy-tickets"},
+                # Behind PgBouncer a statement prepared by name may be gone, or be another
+                # client's, by the next transaction: nothing cached, names never reused (as
+                # SQLAlchemy's asyncpg notes advise).
+                "prepared_statement_cache_size": 0,
+                "statement_cache_size": 0,
+                "prepared_statement_name_func": _statement_name,
+            })
         defaults: dict[str, Any] = {"application_name": "sqlalchemy-tickets"}
         if driver == "psycopg":
             # psycopg prepares a statement server-side after 5 executions; behind PgBouncer
@@ -194,6 +225,47 @@ class PostgreSQLBackend(ReturningBackend):
 def _connect_timeout(seconds: float) -> int:
     # libpq counts whole seconds and treats anything under 2 as 2.
     return max(2, math.ceil(seconds))
+
+
+def _statement_name() -> str:
+    return f"__tickets_{uuid.uuid4().hex}__"
+
+
+@functools.cache
+def _timed_psycopg2_classes(connection_base: type, cursor_base: type) -> tuple[Any, Any]:
+    """psycopg2 connection and cursor classes (over the given ones) whose calls that wait for
+    the server are bounded by the watchdog, as :func:`_timed_classes` for psycopg."""
+
+    class TimedCursor(cursor_base):  # type: ignore[misc]
+        def execute(self, query: Any, vars: Any = None) -> Any:
+            conn: Any = self.connection
+            run = super().execute
+            return bounded_call(conn.fileno(), conn.tickets_timeout, lambda: run(query, vars))
+
+        def executemany(self, query: Any, vars_list: Any) -> Any:
+            conn: Any = self.connection
+            run = super().executemany
+            return bounded_call(
+                conn.fileno(), conn.tickets_timeout, lambda: run(query, vars_list)
+            )
+
+        def callproc(self, procname: Any, parameters: Any = None) -> Any:
+            conn: Any = self.connection
+            run = super().callproc
+            return bounded_call(
+                conn.fileno(), conn.tickets_timeout, lambda: run(procname, parameters)
+            )
+
+    class TimedConnection(connection_base):  # type: ignore[misc]
+        tickets_timeout: float = 0.0
+
+        def commit(self) -> None:
+            bounded_call(self.fileno(), self.tickets_timeout, super().commit)
+
+        def rollback(self) -> None:
+            bounded_call(self.fileno(), self.tickets_timeout, super().rollback)
+
+    return TimedConnection, TimedCursor
 
 
 @functools.cache

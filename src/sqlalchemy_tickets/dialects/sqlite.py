@@ -38,8 +38,11 @@ def _is_memory(url: URL) -> bool:
 
 @register_backend("sqlite")
 class SQLiteBackend(ReturningBackend):
-    sync_drivername = "sqlite+pysqlite"
+    sync_drivers = ("pysqlite", "pysqlcipher")
     queue_local_writers = True
+
+    def check_timeouts(self, dialect: Dialect) -> None:
+        pass  # every driver takes the busy timeout, and a file has no network to hang
 
     def connect_with_timeout(
         self, dialect: Dialect, cargs: Any, cparams: dict[str, Any], seconds: float
