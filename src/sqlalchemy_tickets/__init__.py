@@ -13,6 +13,7 @@ from .columns import UUID7, ObjectId, PrefixedId, SnowflakeId, TicketId
 from .errors import (
     CommitOutcomeUnknownError,
     DatabaseUnavailable,
+    DriverNotInstalledError,
     ExhaustedError,
     RewindError,
     StrideMismatchError,
@@ -43,6 +44,7 @@ __all__ = [
     "CommitOutcomeUnknownError",
     "DatabaseUnavailable",
     "DatacenterTier",
+    "DriverNotInstalledError",
     "ExhaustedError",
     "ObjectId",
     "PrefixedId",

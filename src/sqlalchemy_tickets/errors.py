@@ -6,6 +6,7 @@ from __future__ import annotations
 __all__ = [
     "CommitOutcomeUnknownError",
     "DatabaseUnavailable",
+    "DriverNotInstalledError",
     "ExhaustedError",
     "RewindError",
     "StrideMismatchError",
@@ -59,6 +60,11 @@ class RewindError(TicketsError):
     (``sqlalchemy-tickets sync --url URL --above N SEQUENCE``); after it, issuing resumes, in
     running processes too.
     """
+
+
+class DriverNotInstalledError(TicketsError):
+    """The driver a database URL needs is not installed (the message says what to install):
+    a matter of the environment, not of the URL."""
 
 
 class CommitOutcomeUnknownError(TicketsError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from .base import DriverNotInstalledError, TicketBackend, backend_for, register_backend
+from ..errors import DriverNotInstalledError
+from .base import TicketBackend, backend_for, register_backend
 
 __all__ = ["DriverNotInstalledError", "TicketBackend", "backend_for", "register_backend"]

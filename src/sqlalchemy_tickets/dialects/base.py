@@ -28,12 +28,7 @@ from .._naming import (
     TierTables,
     first_id,
 )
-from ..errors import TicketsError
-
-
-class DriverNotInstalledError(TicketsError):
-    """The driver a database URL needs is not installed (the message says what to install):
-    a matter of the environment, not of the URL."""
+from ..errors import DriverNotInstalledError, TicketsError
 
 # Backend modules are imported lazily: a SQLite user need not have psycopg installed.
 _MODULES = {
