@@ -8,10 +8,13 @@
 #             4. the whole suite in .venv-lowest: the lowest Python and the lowest version of every
 #                dependency and extra that pyproject.toml declares (target `lowest`,
 #                tests/install/lowest.py).
-#             3 and 4 run side by side (SUITE_JOBS=1 runs them one after the other): most of a run
-#             is spent waiting on servers and subprocesses, so two runs share two cores well.
+#             3 runs as two processes, by test file (targets `suite-1`, `suite-2`: the second takes
+#             every file the first does not, new folders included); 3 and 4 run side by side
+#             (SUITE_JOBS=1 runs them one after the other): most of a run is spent waiting on
+#             servers and subprocesses, so three runs share two cores well.
 # Every backend must answer (TICKETS_TEST_REQUIRE_ALL=1): a missing server fails the run.
-# PYTEST_ARGS narrows both suite runs when working locally; .ci/run never sets it.
+# PYTEST_ARGS narrows the suite runs when working locally (then 3 is one process, `suite`);
+# .ci/run never sets it.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -20,7 +23,10 @@ LOWEST_VENV ?= .venv-lowest
 DEMO_VENV ?= .venv-demo
 DIST ?= dist
 PYTEST_ARGS ?=
-SUITE_JOBS ?= 2
+SUITE_JOBS ?= 3
+# The newest run's first half, by file; `suite-2` runs the rest.
+SUITE_1_FILES = $(sort $(wildcard tests/backend/test_[a-f]*.py))
+SUITE_RUNS = $(if $(strip $(PYTEST_ARGS)),suite,suite-1 suite-2)
 export TICKETS_TEST_REQUIRE_ALL ?= 1
 
 # uv with the indexes pip is configured with (uv does not read pip's configuration).
@@ -32,7 +38,7 @@ LOWEST_PYTHON ?= $(shell for p in python$(LOWEST_PYTHON_VERSION) \
 	"$$p" -c 'import sys; assert sys.version.startswith("$(LOWEST_PYTHON_VERSION).")' \
 	2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: demo test installed suite lowest pgbouncer galera driver-deps lint bench clean
+.PHONY: demo test installed suite suite-1 suite-2 lowest pgbouncer galera driver-deps lint bench clean
 
 $(BIN)/activate: pyproject.toml | driver-deps
 	$(PYTHON) -m venv $(VENV)
@@ -49,10 +55,16 @@ demo:
 test: $(BIN)/activate pgbouncer galera driver-deps
 	$(BIN)/mypy
 	$(MAKE) --no-print-directory installed
-	$(MAKE) --no-print-directory --jobs=$(SUITE_JOBS) --output-sync=target suite lowest
+	$(MAKE) --no-print-directory --jobs=$(SUITE_JOBS) --output-sync=target $(SUITE_RUNS) lowest
 
 suite: $(BIN)/activate
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+suite-1: $(BIN)/activate
+	$(BIN)/pytest -p no:cacheprovider $(SUITE_1_FILES)
+
+suite-2: $(BIN)/activate
+	$(BIN)/pytest -p no:cacheprovider $(addprefix --ignore=,$(SUITE_1_FILES))
 
 # The built package, installed as a user installs it: nothing from this tree but the wheel.
 installed: $(BIN)/activate
