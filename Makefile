@@ -5,9 +5,10 @@
 #             2. the package as a user gets it: build the sdist and, from it, the wheel; `twine check`;
 #                install the wheel without extras in a fresh venv and run tests/install/smoke.py there;
 #             3. the whole suite in .venv: the newest releases of everything (target `suite`);
-#             4. the whole suite in .venv-lowest: the lowest Python and the lowest version of every
+#             4. the suite in .venv-lowest: the lowest Python and the lowest version of every
 #                dependency and extra that pyproject.toml declares (target `lowest`,
-#                tests/install/lowest.py).
+#                tests/install/lowest.py), without the long scenarios marked `slow` (processes
+#                killed, servers restored, clusters, benchmark smoke runs), which 3 runs.
 #             3 runs as two processes, by test file (targets `suite-1`, `suite-2`: the second takes
 #             every file the first does not, new folders included); 3 and 4 run side by side
 #             (SUITE_JOBS=1 runs them one after the other): most of a run is spent waiting on
@@ -89,7 +90,7 @@ $(LOWEST_VENV)/bin/activate: pyproject.toml | $(BIN)/activate driver-deps
 
 lowest: $(LOWEST_VENV)/bin/activate
 	$(LOWEST_VENV)/bin/python tests/install/lowest.py check $(LOWEST_VENV)/constraints.txt
-	$(LOWEST_VENV)/bin/pytest -o cache_dir=$(LOWEST_VENV)/.pytest_cache $(PYTEST_ARGS)
+	$(LOWEST_VENV)/bin/pytest -o cache_dir=$(LOWEST_VENV)/.pytest_cache -m "not slow" $(PYTEST_ARGS)
 
 # The PgBouncer tests start $TICKETS_PGBOUNCER, else /usr/sbin/pgbouncer: Debian's package provides it.
 pgbouncer:

@@ -460,6 +460,7 @@ def _datacenter_worker(
     queue.put(out)
 
 
+@pytest.mark.slow
 def test_two_datacenters_processes_and_threads_over_one_global_pair(make_database: Any) -> None:
     datacenters = [make_database("postgresql"), make_database("mysql")]
     globals_ = [make_database("mysql"), make_database("postgresql")]
@@ -516,6 +517,7 @@ def _written(path: Any) -> list[int]:
     return used
 
 
+@pytest.mark.slow
 def test_processes_killed_mid_take_mid_give_back_and_mid_refill_never_cause_a_duplicate(
     backend: str, make_database: Any, tmp_path: Any
 ) -> None:

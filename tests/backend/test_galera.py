@@ -24,6 +24,9 @@ from sqlalchemy_tickets import TicketServer, TicketServers
 from support.cli import run
 from support.galera import GaleraCluster
 
+#: Long scenarios: run once per make test (see the ``slow`` marker).
+pytestmark = pytest.mark.slow
+
 #: Threads per process, and processes.
 THREADS = 4
 PROCESSES = 2

@@ -108,6 +108,7 @@ def _draw_and_give_back(url: str, seed: int, rounds: int) -> list[int]:
     return kept
 
 
+@pytest.mark.slow
 def test_giving_back_under_contention_never_duplicates(database_url: str) -> None:
     TicketServer(database_url).create("shared")
     ctx = multiprocessing.get_context("spawn")
@@ -343,6 +344,7 @@ def _worker_over_a_tier(dc_url: str, global_url: str, seed: int, queue: Any) -> 
     tier.close()
 
 
+@pytest.mark.slow
 def test_a_rolling_restart_over_a_datacenter_tier_burns_nothing(
     backend: str, make_database: Any
 ) -> None:

@@ -53,6 +53,9 @@ from support.rewind import (
 )
 from support.servers import ServerProcess
 
+#: Long scenarios: run once per make test (see the ``slow`` marker).
+pytestmark = pytest.mark.slow
+
 SERVERS = ("postgresql", "mysql")
 ALL = ("sqlite", "postgresql", "mysql")
 SPAWN = multiprocessing.get_context("spawn")

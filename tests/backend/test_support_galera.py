@@ -23,6 +23,9 @@ from sqlalchemy.exc import OperationalError
 
 from support.galera import GaleraCluster
 
+#: Long scenarios: run once per make test (see the ``slow`` marker).
+pytestmark = pytest.mark.slow
+
 #: MariaDB's ER_LOCK_DEADLOCK: what a Galera certification failure looks like to a client.
 ER_LOCK_DEADLOCK = 1213
 

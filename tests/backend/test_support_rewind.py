@@ -32,6 +32,9 @@ from support.rewind import (
 )
 from support.servers import ServerProcess
 
+#: Long scenarios: run once per make test (see the ``slow`` marker).
+pytestmark = pytest.mark.slow
+
 
 def _execute(conn: Any, sql: str) -> list[tuple[Any, ...]]:
     """Run ``sql`` on a raw psycopg or PyMySQL connection; rows as tuples."""

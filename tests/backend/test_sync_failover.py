@@ -23,6 +23,9 @@ import pytest
 from sqlalchemy_tickets import TicketServer
 from support.rewind import PgPair, pg_connect, start_postgresql_pair
 
+#: Long scenarios: run once per make test (see the ``slow`` marker).
+pytestmark = pytest.mark.slow
+
 #: Threads drawing ids through the failover.
 THREADS = 4
 

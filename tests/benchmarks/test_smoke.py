@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+#: Long scenarios: run once per make test (see the ``slow`` marker).
+pytestmark = pytest.mark.slow
+
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 SCRIPTS = sorted(p.stem for p in BENCH_DIR.glob("*.py") if not p.name.startswith("_"))
 #: Seconds one smoke run may take on a loaded two-core machine.

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 RUN = Path(__file__).resolve().parents[2] / "examples" / "multiregion" / "run.py"
@@ -39,6 +40,7 @@ def _read(url: str) -> dict[str, Any]:
         engine.dispose()
 
 
+@pytest.mark.slow
 def test_two_datacenters_one_cut_off_the_global_pair(
     make_database: Callable[[str], str], tmp_path: Path
 ) -> None:
