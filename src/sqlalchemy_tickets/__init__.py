@@ -6,8 +6,6 @@ application — so a unit of work that timed out can be retried with the same ke
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
 from ._reset import drop_ticket_tables
 from .columns import UUID7, ObjectId, PrefixedId, SnowflakeId, TicketId
 from .errors import (
@@ -33,10 +31,21 @@ from .sources import (
 )
 from .timeouts import apply_timeouts
 
-try:
-    __version__ = version("sqlalchemy-tickets")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0"
+
+def __getattr__(name: str) -> str:
+    # ``__version__`` is read from the installed metadata when first asked for: importlib.metadata
+    # would otherwise cost every import of the package a scan of the installed distributions.
+    if name != "__version__":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("sqlalchemy-tickets")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        found = "0.0.0"
+    globals()["__version__"] = found
+    return found
+
 
 __all__ = [
     "UUID7",

@@ -16,7 +16,6 @@ gets a key it already holds.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import threading
 import weakref
@@ -269,5 +268,7 @@ def _off_the_loop(fn: Callable[..., list[Any]], *args: Any) -> list[Any]:
     # Without greenlet loaded no AsyncSession can be flushing; and on SQLAlchemy 2.1 without
     # greenlet installed, in_greenlet() itself raises ImportError.
     if sys.modules.get("greenlet") is not None and in_greenlet():
+        import asyncio  # here: most processes never need the event loop machinery
+
         return await_only(asyncio.to_thread(fn, *args))
     return fn(*args)

@@ -17,7 +17,6 @@ lane runs dry.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import threading
@@ -295,6 +294,8 @@ class CachedSource:
         try:
             return self._pop[sequence, bits]()
         except (KeyError, IndexError):
+            import asyncio  # here: most processes never need the event loop machinery
+
             return await asyncio.to_thread(self._next_id_slow, sequence, bits)
 
     def next_block(self, sequence: str | None, count: int, *, bits: int = 64) -> range:
