@@ -148,7 +148,9 @@ def statements(made: dict[str, tuple[TicketServer, str]]) -> dict[str, str]:
         # TicketBackend.take_block's own test: guards only where the backend has some.
         identity = known.identity
         guarded = identity is not None and bool(server.backend.identity_guards(identity))
-        key = (server.engine.dialect.name, known.table, "take_guarded" if guarded else "take_block")
+        dialect = server.engine.dialect
+        key = (dialect.name, dialect.driver, dialect.paramstyle, known.table,
+               "take_guarded" if guarded else "take_block")
         taken[name] = server.backend._statements[key].sql
     return taken
 
