@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -436,6 +437,15 @@ def register_globally() -> None:
     only registry before Alembic 1.18 (which runs third-party comparators after its own). From
     1.18 on the comparator belongs to the package's plugin instead (see
     :mod:`sqlalchemy_tickets.alembic.plugin`)."""
-    from alembic.autogenerate import comparators
+    global _registered_globally
+    with _register_lock:
+        if _registered_globally:  # the registry appends: a second call would compare twice
+            return
+        from alembic.autogenerate import comparators
 
-    comparators.dispatch_for("schema")(compare_ticket_tables)
+        comparators.dispatch_for("schema")(compare_ticket_tables)
+        _registered_globally = True
+
+
+_register_lock = threading.Lock()
+_registered_globally = False
