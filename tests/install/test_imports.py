@@ -78,3 +78,32 @@ def test_package_and_every_public_submodule_import_without_optional_modules() ->
     # The walk found the package's modules, not just the top level.
     assert {"sqlalchemy_tickets.cli", "sqlalchemy_tickets.retry",
             "sqlalchemy_tickets.alembic"} <= set(report["imported"])
+
+
+def test_the_bare_import_leaves_what_only_some_columns_and_callers_need() -> None:
+    """``import sqlalchemy_tickets`` stays close to ``import sqlalchemy.orm``: SQLAlchemy's MySQL
+    dialect package is loaded when a string id column is defined, the installed metadata when
+    ``__version__`` is read."""
+    code = textwrap.dedent("""
+        import json, sys
+        import sqlalchemy.orm
+        before = set(sys.modules)
+        import sqlalchemy_tickets
+        after = set(sys.modules)
+        sqlalchemy_tickets.PrefixedId("post")
+        print(json.dumps({
+            "mysql": "sqlalchemy.dialects.mysql" in after,
+            "metadata_added": "importlib.metadata" in after - before,
+            "mysql_after_column": "sqlalchemy.dialects.mysql" in sys.modules,
+            "version": sqlalchemy_tickets.__version__,
+        }))
+    """)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["mysql"] is False
+    assert report["metadata_added"] is False
+    assert report["mysql_after_column"] is True
+    assert report["version"] not in ("", "0.0.0")

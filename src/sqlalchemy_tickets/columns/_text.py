@@ -7,7 +7,6 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql
 from sqlalchemy.sql import operators
 from sqlalchemy.types import TypeEngine
 
@@ -16,6 +15,10 @@ from ._assign import AssignedIdType, EngineGetter
 
 def ascii_string(length: int) -> TypeEngine[str]:
     """VARCHAR whose order is byte order and whose keys take one byte per character."""
+    # Imported here, when a string id column is defined: SQLAlchemy's MySQL dialect package
+    # costs every ``import sqlalchemy_tickets`` a tenth of a second otherwise.
+    from sqlalchemy.dialects import mysql
+
     return (
         sa.String(length)
         .with_variant(
