@@ -256,14 +256,8 @@ def _timed_psycopg2_classes(connection_base: type, cursor_base: type) -> tuple[A
                 conn.fileno(), conn.tickets_timeout, lambda: run(procname, parameters)
             )
 
-    class TimedConnection(connection_base):  # type: ignore[misc]
-        tickets_timeout: float = 0.0
-
-        def commit(self) -> None:
-            bounded_call(self.fileno(), self.tickets_timeout, super().commit)
-
-        def rollback(self) -> None:
-            bounded_call(self.fileno(), self.tickets_timeout, super().rollback)
+    class TimedConnection(_BoundedCommits, connection_base):  # type: ignore[misc]
+        pass
 
     return TimedConnection, TimedCursor
 
@@ -288,13 +282,20 @@ def _timed_classes() -> tuple[Any, Any]:
             run = super().executemany
             bounded_call(conn.fileno(), conn.tickets_timeout, lambda: run(query, params_seq, **kw))
 
-    class TimedConnection(psycopg.Connection[Any]):
-        tickets_timeout: float = 0.0
-
-        def commit(self) -> None:
-            bounded_call(self.fileno(), self.tickets_timeout, super().commit)
-
-        def rollback(self) -> None:
-            bounded_call(self.fileno(), self.tickets_timeout, super().rollback)
+    class TimedConnection(_BoundedCommits, psycopg.Connection[Any]):
+        pass
 
     return TimedConnection, TimedCursor
+
+
+class _BoundedCommits:
+    """COMMIT and ROLLBACK bounded by the watchdog: the part psycopg's and psycopg2's timed
+    connection classes share (placed first among their bases)."""
+
+    tickets_timeout: float = 0.0
+
+    def commit(self) -> None:
+        bounded_call(self.fileno(), self.tickets_timeout, super().commit)  # type: ignore[attr-defined, misc]
+
+    def rollback(self) -> None:
+        bounded_call(self.fileno(), self.tickets_timeout, super().rollback)  # type: ignore[attr-defined, misc]
