@@ -52,8 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # waste_ratio=1: a run's 40,000 ids fit in what a cache holds, so the runs time the
         # hot path, not refills (at 300,000 ids issued the default 5 % would hold fewer).
         caches = {
-            TIER: CachedSource(tier, waste_ratio=1.0),
-            SERVER: CachedSource(TicketServer(global_url), waste_ratio=1.0),
+            TIER: CachedSource(tier),
+            SERVER: CachedSource(TicketServer(global_url)),
         }
         try:
             for cache in caches.values():

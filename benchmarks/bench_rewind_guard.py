@@ -185,7 +185,7 @@ def run_backend(args: Any, backend: str) -> dict[str, Any]:
                 ]
                 timings[label] = h.interleave(chosen, rounds, label=f"{backend} {label}: ")
             for name, (server, seq) in under.items():
-                caches[name] = cache = CachedSource(server, waste_ratio=1.0, max_block=MAX_BLOCK)
+                caches[name] = cache = CachedSource(server, max_block=MAX_BLOCK)
                 h.loop(cache.next_id, primed, seq)()  # teaches the rate, fills the blocks
             chosen = [
                 cache_variant(name, cache, *under[name], ids, waits[name])

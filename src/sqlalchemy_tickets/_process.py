@@ -28,6 +28,7 @@ import atexit
 import logging
 import multiprocessing.util
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -39,6 +40,7 @@ __all__ = [
     "at_exit",
     "before_fork",
     "exiting",
+    "gil_enabled",
     "track",
     "tracked",
 ]
@@ -151,6 +153,13 @@ def _after_fork_in_child() -> None:
 
 
 _exited = threading.Event()
+
+
+def gil_enabled() -> bool:
+    """Whether the interpreter runs with the GIL: a builtin iterator's ``next()`` is then one
+    atomic step, which lock-free hot paths rely on (free-threaded builds take a lock instead)."""
+    probe = getattr(sys, "_is_gil_enabled", None)
+    return True if probe is None else bool(probe())
 
 
 def exiting() -> bool:

@@ -93,8 +93,8 @@ class SequenceFigures:
 
 def figures() -> list[SequenceFigures]:
     """Read every open cache (and the counters of closed ones) now, one entry per sequence."""
+    from .sources._open import open_caches
     from .sources._rewind import counts
-    from .sources.cache import open_caches
 
     caches, retired = open_caches()
     rewinds = counts()

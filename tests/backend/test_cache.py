@@ -88,7 +88,7 @@ def test_rate_steps_without_blocking_waits_after_warm_up(server: TicketServer) -
     # waste_ratio=1: blocks follow the rate alone (the default also caps them by a share of
     # the ids issued so far, which test_short_lived.py covers).
     cache = CachedSource(
-        server, clock=clock, supply=10.0, min_block=16, window=60.0, waste_ratio=1.0
+        server, clock=clock, supply=10.0, min_block=16, window=60.0
     )
     sizes: dict[str, list[int]] = {"base": [], "spike": [], "after": []}
     last = 0

@@ -59,9 +59,9 @@ def _cached_then_killed(url: str, options: dict[str, Any], queue: Any, stop: Any
 @pytest.mark.parametrize(
     "options",
     [
-        {"waste_budget": 1_000, "max_block": 100_000, "waste_ratio": 1.0, "supply": 3600.0},
-        {"waste_budget": 5_000, "max_block": 5_000, "waste_ratio": 1.0},
-        {"waste_budget": 300, "min_block": 200, "waste_ratio": 0.5},
+        {"waste_budget": 1_000, "max_block": 100_000, "supply": 3600.0},
+        {"waste_budget": 5_000, "max_block": 5_000},
+        {"waste_budget": 300, "min_block": 200},
     ],
     ids=["max-block-above", "max-block-equal", "min-block-near"],
 )

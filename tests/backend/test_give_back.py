@@ -140,7 +140,7 @@ def test_servers_route_ids_back_to_the_server_that_issued_them(
         again = [servers.next_block("photos", 4) for _ in range(2)]
         assert sorted(again, key=lambda r: r.start) == sorted([odd, even], key=lambda r: r.start)
         # Through a cache: closing it gives each server back its own ids.
-        cache = CachedSource(servers, min_block=40, waste_ratio=1.0)
+        cache = CachedSource(servers, min_block=40)
         drawn = [cache.next_id("photos") for _ in range(100)]
         cache.wait_idle(10)
         assert cache.stats()["in_hand"] > 0
@@ -167,7 +167,7 @@ def _cache_then_exit(url: str, tiers: int, close: bool, queue: Any) -> None:
     source: Any = TicketServer(url)
     caches = _KEPT
     for _ in range(tiers):
-        source = CachedSource(source, min_block=64, waste_ratio=1.0)
+        source = CachedSource(source, min_block=64)
         caches.append(source)
     highest = max(source.next_id("jobs") for _ in range(500))
     for cache in reversed(caches):
@@ -179,7 +179,7 @@ def _cache_then_exit(url: str, tiers: int, close: bool, queue: Any) -> None:
 
 def _cache_then_wait(url: str, queue: Any, stop: Any) -> None:
     """In a child: draw ids through a cache, report every one, then wait to be killed."""
-    cache = CachedSource(TicketServer(url), min_block=64, waste_ratio=1.0)
+    cache = CachedSource(TicketServer(url), min_block=64)
     ids = [cache.next_id("jobs") for _ in range(500)]
     ids += cache.next_block("jobs", 30)
     cache.wait_idle(10)
@@ -235,10 +235,10 @@ def test_interpreter_exit_gives_back_what_caches_hold(database_url: str, tmp_pat
         import json
         from sqlalchemy_tickets import CachedSource, TicketServer, configure
 
-        inner = CachedSource(TicketServer({database_url!r}), min_block=100, waste_ratio=1.0)
+        inner = CachedSource(TicketServer({database_url!r}), min_block=100)
         # The outer cache is made last: an exit hook that closed caches in the order they
         # were made would close the inner one first.
-        outer = CachedSource(inner, min_block=20, waste_ratio=1.0)
+        outer = CachedSource(inner, min_block=20)
         highest = max(outer.next_id("jobs") for _ in range(300))
         inner.wait_idle(10)
         outer.wait_idle(10)
@@ -330,7 +330,7 @@ def _worker_over_a_tier(dc_url: str, global_url: str, seed: int, queue: Any) -> 
     close burned."""
     tier = DatacenterTier(dc_url, TicketServer(global_url), min_block=200)
     recording = _Recording(tier)
-    cache = CachedSource(recording, min_block=32, waste_ratio=1.0)
+    cache = CachedSource(recording, min_block=32)
     rng = random.Random(seed)
     ids: list[int] = []
     for _ in range(300):
@@ -391,7 +391,7 @@ def test_interpreter_exit_gives_back_to_a_datacenter_tier(
 
         cache = CachedSource(
             DatacenterTier({dc_url!r}, TicketServer({global_url!r}), min_block=500),
-            min_block=50, waste_ratio=1.0,
+            min_block=50,
         )
         configure(cache)
         highest = max(cache.next_id("jobs") for _ in range(400))

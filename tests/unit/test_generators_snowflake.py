@@ -237,7 +237,7 @@ def test_eight_threads_real_clock_unique_and_increasing_per_thread() -> None:
 
 
 def test_the_locked_path_of_free_threaded_builds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(snowflake_module, "_gil_enabled", lambda: False)
+    monkeypatch.setattr(snowflake_module._process, "gil_enabled", lambda: False)
     gen = SnowflakeGenerator(4, layout=SnowflakeLayout(41, 10, 8))
     assert gen.new_id.__name__ == "new_id_locked"
     chunks = _hammer(gen, 8, 5_000)

@@ -90,7 +90,7 @@ def test_protocol_and_helpers() -> None:
 
 def test_close_gives_back_everything_held(clock: Clock) -> None:
     source = MemorySource()
-    cache = CachedSource(source, clock=clock, min_block=50, waste_ratio=1.0)
+    cache = CachedSource(source, clock=clock, min_block=50)
     drawn = [cache.next_id("a") for _ in range(120)]
     drawn += list(cache.next_block("a", 7))
     holding = held(cache)
@@ -170,8 +170,8 @@ def test_a_block_landing_after_the_wait_is_counted_then_given_back(clock: Clock)
 
 def test_nested_caches_give_back_through_every_tier(clock: Clock) -> None:
     source = MemorySource()
-    inner = CachedSource(source, clock=clock, min_block=100, waste_ratio=1.0)
-    outer = CachedSource(inner, clock=clock, min_block=10, waste_ratio=1.0)
+    inner = CachedSource(source, clock=clock, min_block=100)
+    outer = CachedSource(inner, clock=clock, min_block=10)
     drawn = [outer.next_id("a") for _ in range(25)]
     outer_held = held(outer)
     inner_held = held(inner)
@@ -190,8 +190,8 @@ def test_nested_caches_give_back_through_every_tier(clock: Clock) -> None:
 
 def test_a_closed_inner_cache_passes_ids_on_to_its_source(clock: Clock) -> None:
     source = MemorySource()
-    inner = CachedSource(source, clock=clock, min_block=100, waste_ratio=1.0)
-    outer = CachedSource(inner, clock=clock, min_block=10, waste_ratio=1.0)
+    inner = CachedSource(source, clock=clock, min_block=100)
+    outer = CachedSource(inner, clock=clock, min_block=10)
     drawn = [outer.next_id("a") for _ in range(25)]
     outer_held = held(outer)
     assert inner.close() == 0
@@ -204,7 +204,7 @@ def test_a_closed_inner_cache_passes_ids_on_to_its_source(clock: Clock) -> None:
 
 def test_a_closed_inner_over_a_source_that_cannot_take_back(clock: Clock) -> None:
     inner = CachedSource(MemorySource(takes_back=False), clock=clock, min_block=100)
-    outer = CachedSource(inner, clock=clock, min_block=10, waste_ratio=1.0)
+    outer = CachedSource(inner, clock=clock, min_block=10)
     for _ in range(25):
         outer.next_id("a")
     outer_held = held(outer)
@@ -231,7 +231,7 @@ def test_taken_back_ids_keep_a_lane_in_order(clock: Clock) -> None:
     # An inner cache holding ready ids, the rest of a block and blocks ahead takes back a run
     # from below them: it is handed out first, then the rest in order, next_id and next_block.
     source = MemorySource(max_block=40)
-    inner = CachedSource(source, clock=clock, min_block=40, waste_ratio=1.0)
+    inner = CachedSource(source, clock=clock, min_block=40)
     given = inner.next_block("a", 10)
     out = [inner.next_id("a") for _ in range(3)]
     assert inner.give_back("a", given) == 10
@@ -264,7 +264,7 @@ def test_racing_callers_and_close_never_duplicate(clock: Clock) -> None:
     # again afterwards, is unique.
     for _ in range(20):
         source = MemorySource()
-        cache = CachedSource(source, clock=clock, min_block=64, waste_ratio=1.0)
+        cache = CachedSource(source, clock=clock, min_block=64)
         got: list[list[int]] = [[] for _ in range(4)]
         start = threading.Barrier(5)
         threads = [

@@ -29,6 +29,7 @@ from .._naming import (
     first_id,
 )
 from ..errors import DriverNotInstalledError, TicketsError
+from ._clock import db_now_ms
 
 # Backend modules are imported lazily: a SQLite user need not have psycopg installed.
 _MODULES = {
@@ -634,6 +635,15 @@ class TicketBackend:
             sa.Column("claim_until", sa.BigInteger, nullable=False, server_default="0"),
             sa.Column("refilled_at", sa.BigInteger, nullable=False, server_default="0"),
             sa.Column("exhausted", sa.SmallInteger, nullable=False, server_default="0"),
+            # The range being handed out (empty when head_first > head_last), out of the stock
+            # rows: a take moves this one row in one statement (see tier_take).
+            sa.Column("head_kind", sa.SmallInteger, nullable=False, server_default="1"),
+            sa.Column("head_first", sa.BigInteger, nullable=False, server_default="1"),
+            sa.Column("head_last", sa.BigInteger, nullable=False, server_default="0"),
+            sa.Column("head_step", sa.Integer, nullable=False, server_default="1"),
+            # How many ids the latest take handed out: how a one-statement take returns its
+            # block where RETURNING shows only new values.
+            sa.Column("last_take", sa.BigInteger, nullable=False, server_default="0"),
             comment="sqlalchemy-tickets: datacenter tier, stock, rate and refill claim",
             **options,
         )
@@ -653,6 +663,59 @@ class TicketBackend:
 
     def drop_tier_statements(self, names: TierTables) -> list[sa.sql.Executable]:
         return [sa.schema.DropTable(t, if_exists=True) for t in reversed(self.tier_tables(names))]
+
+    def add_missing_columns(self, connection: sa.Connection, table: sa.Table) -> list[str]:
+        """``ALTER TABLE ... ADD COLUMN`` for the columns of ``table`` its database lacks (a
+        datacenter tier's tables made by an older release); the names added."""
+        present = {c["name"] for c in sa.inspect(connection).get_columns(table.name)}
+        quote = connection.dialect.identifier_preparer.format_table
+        added = []
+        for column in table.columns:
+            if column.name in present:
+                continue
+            spec = sa.schema.CreateColumn(column).compile(dialect=connection.dialect)
+            connection.exec_driver_sql(f"ALTER TABLE {quote(table)} ADD COLUMN {spec}")
+            added.append(column.name)
+        return added
+
+    def least(self, a: Any, b: Any) -> sa.ColumnElement[int]:
+        """The smaller of two integer expressions."""
+        return sa.func.least(a, b, type_=sa.BigInteger)
+
+    def tier_take(
+        self,
+        connection: sa.Connection,
+        state: sa.Table,
+        guards: Sequence[sa.ColumnElement[Any]],
+        values: Mapping[str, Any],
+    ) -> Any:
+        """Take up to ``values["k_count"]`` ids from the head range of the state row of
+        ``values["k_name"]``/``values["k_bits"]`` in **one statement** (autocommit: the row's lock
+        is held for that statement alone), where ``guards`` equal ``values["guard<i>"]``.
+
+        Returns a row with ``first``, ``taken``, ``step`` (the block), ``stock``, ``rate``,
+        ``rate_at``, ``exhausted`` and ``now_ms``; ``None`` when no row moved (no state row,
+        an empty head, or the guards differ: the caller looks why)."""
+        raise NotImplementedError
+
+    def tier_take_where(
+        self, state: sa.Table, guards: Sequence[sa.ColumnElement[Any]]
+    ) -> list[sa.ColumnElement[bool]]:
+        """The conditions of :meth:`tier_take`: this sequence, a head with ids, the guards."""
+        return [
+            state.c.sequence_name == sa.bindparam("k_name", type_=state.c.sequence_name.type),
+            state.c.bits == sa.bindparam("k_bits", type_=sa.SmallInteger),
+            state.c.head_first <= state.c.head_last,
+            *(g == sa.bindparam(f"guard{i}", type_=g.type) for i, g in enumerate(guards)),
+        ]
+
+    def tier_taken(self, state: sa.Table) -> sa.ColumnElement[int]:
+        """How many ids a take of ``:count`` hands out of the head: all it asks, or the rest."""
+        c = state.c
+        return self.least(
+            sa.bindparam("k_count", type_=sa.BigInteger),
+            (c.head_last - c.head_first) // c.head_step + 1,
+        )
 
     @contextmanager
     def transaction(self, connection: sa.Connection, timeout: float) -> Iterator[None]:
@@ -792,6 +855,9 @@ class TicketBackend:
 
     def __init__(self) -> None:
         self._statements: dict[tuple[str, str, str, TicketTable, str], RawStatement] = {}
+        # Core statements of datacenter tiers, per (state table, guards): SQLAlchemy caches
+        # their compiled forms.
+        self._tier_take_statements: dict[Any, Any] = {}
         self._lock = threading.Lock()
 
     def statement(
@@ -813,6 +879,38 @@ class TicketBackend:
 
 class ReturningBackend(TicketBackend):
     """Backends where ``UPDATE … RETURNING id`` advances the one ticket row in one round trip."""
+
+    def tier_take(
+        self,
+        connection: sa.Connection,
+        state: sa.Table,
+        guards: Sequence[sa.ColumnElement[Any]],
+        values: Mapping[str, Any],
+    ) -> Any:
+        stmt = self._tier_take_statements.get((state, tuple(guards)))
+        if stmt is None:
+            c = state.c
+            taken = self.tier_taken(state)
+            # RETURNING shows the new values: the block is what the head moved past.
+            stmt = (
+                sa.update(state)
+                .where(*self.tier_take_where(state, guards))
+                .values(
+                    last_take=taken,
+                    head_first=c.head_first + taken * c.head_step,
+                    stock=c.stock - taken,
+                    issued=c.issued + taken,
+                )
+                .returning(
+                    (c.head_first - c.last_take * c.head_step).label("first"),
+                    c.last_take.label("taken"),
+                    c.head_step.label("step"),
+                    c.stock, c.rate, c.rate_at, c.exhausted,
+                    db_now_ms().label("now_ms"),
+                )
+            )
+            self._tier_take_statements[(state, tuple(guards))] = stmt
+        return connection.execute(stmt, dict(values)).one_or_none()
 
     def advance_statement(self, t: sa.Table) -> sa.sql.Executable:
         return advance(t, t.c.id + _STEP).returning(t.c.id)

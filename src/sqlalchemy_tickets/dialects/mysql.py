@@ -18,7 +18,7 @@ import hashlib
 import importlib
 import math
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -28,6 +28,7 @@ from sqlalchemy.engine import Dialect
 
 from .._naming import TicketTable
 from ..errors import StrideMismatchError, TicketServerUnavailable
+from ._clock import db_now_ms
 from .base import (
     ConnectParams,
     Identity,
@@ -182,6 +183,47 @@ class MySQLBackend(TicketBackend):
             except Exception:  # a dropped connection releases its locks itself
                 pass
 
+    def tier_take(
+        self,
+        connection: sa.Connection,
+        state: sa.Table,
+        guards: Sequence[sa.ColumnElement[Any]],
+        values: Mapping[str, Any],
+    ) -> Any:
+        # No UPDATE ... RETURNING: the UPDATE keeps the block in session variables, read by a
+        # second statement. Only the first holds the row's lock; assignments run left to right
+        # (``last_take`` first, then the rest with its new value), hence ordered_values.
+        key = (state, tuple(guards))
+        found = self._tier_take_statements.get(key)
+        if found is None:
+            c = state.c
+            update = (
+                sa.update(state)
+                .where(*self.tier_take_where(state, guards))
+                .ordered_values(
+                    (c.last_take, _keep("taken", self.tier_taken(state))),
+                    (c.head_first,
+                     _keep("first", c.head_first) + c.last_take * _keep("step", c.head_step)),
+                    (c.stock, c.stock - c.last_take),
+                    (c.issued, c.issued + c.last_take),
+                )
+            )
+            read = sa.select(
+                *(_kept(name).label(name) for name in ("first", "taken", "step")),
+                c.stock, c.rate, c.rate_at, c.exhausted, db_now_ms().label("now_ms"),
+            ).where(
+                c.sequence_name == sa.bindparam("k_name", type_=c.sequence_name.type),
+                c.bits == sa.bindparam("k_bits", type_=sa.SmallInteger),
+            )
+            found = self._tier_take_statements[key] = (update, read)
+        update, read = found
+        if connection.execute(update, dict(values)).rowcount != 1:
+            return None  # nothing assigned: the session's variables are an older take's
+        # The row may have moved on since (another take): the block is the session's own
+        # variables; the rest is what the stock looked like a moment later, which is enough
+        # for deciding on a refill.
+        return connection.execute(read, {"k_name": values["k_name"], "k_bits": values["k_bits"]}).one()
+
     def tier_table_options(self) -> dict[str, Any]:
         # Row locks and atomic commits: a take and its state row move together.
         return {"mysql_engine": "InnoDB", "mariadb_engine": "InnoDB"}
@@ -310,6 +352,16 @@ class MySQLBackend(TicketBackend):
 
     def is_conflict(self, error: BaseException) -> bool:
         return _error_code(error) == _DEADLOCK
+
+
+def _keep(name: str, value: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """``(@tickets_<name> := value)``: a value kept in a session variable by the statement
+    computing it."""
+    return _kept(name).op(":=")(value).self_group()
+
+
+def _kept(name: str) -> sa.ColumnElement[Any]:
+    return sa.literal_column(f"@tickets_{name}", sa.BigInteger)
 
 
 def _lock_name(table: TicketTable) -> str:

@@ -127,6 +127,10 @@ class SQLiteBackend(ReturningBackend):
     def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
         return sa.insert(table).values(**row).prefix_with("OR IGNORE")
 
+    def least(self, a: Any, b: Any) -> sa.ColumnElement[int]:
+        # SQLite has no LEAST: its scalar min() of several arguments is the same.
+        return sa.func.min(a, b, type_=sa.BigInteger)
+
     def identity(self, cursor: Any, dialect: Dialect, table: TicketTable) -> Identity | None:
         # A file replaced by a copy is another inode; a table rebuilt gets another root page.
         cursor.execute("SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name = ?",

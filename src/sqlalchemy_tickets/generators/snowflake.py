@@ -45,7 +45,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -87,11 +86,6 @@ def wait(seconds: float) -> None:
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         time.sleep(0)  # lets other threads run
-
-
-def _gil_enabled() -> bool:
-    probe = getattr(sys, "_is_gil_enabled", None)
-    return True if probe is None else bool(probe())
 
 
 @dataclass(frozen=True)
@@ -252,7 +246,7 @@ class SnowflakeGenerator:
             nonlocal window
             window = w
 
-        self.new_id = new_id if _gil_enabled() else new_id_locked
+        self.new_id = new_id if _process.gil_enabled() else new_id_locked
         self._publish = publish
 
     def new_ids(self, count: int) -> list[int]:

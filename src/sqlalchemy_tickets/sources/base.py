@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from .. import _process
@@ -54,6 +54,66 @@ class KeepsAbove(Protocol):
     """
 
     def ensure_above(self, sequence: str | None, floor: int, *, bits: int = 64) -> bool: ...
+
+
+#: One request of a batch: ``(sequence, count, bits)``.
+Request = tuple[str | None, int, int]
+
+
+@runtime_checkable
+class TakesMany(Protocol):
+    """A source that serves blocks of many sequences in one round trip.
+
+    ``next_blocks(requests)`` returns, for each ``(sequence, count, bits)`` in order, what
+    ``next_block(sequence, count, bits=bits)`` would have: a ``range``, or the
+    :class:`~sqlalchemy_tickets.TicketsError` that sequence met (one sequence failing does
+    not fail the others). Caches refilling many sequences at once, and ``prepare``, use it.
+    """
+
+    def next_blocks(self, requests: Sequence[Request]) -> list[range | TicketsError]: ...
+
+
+@runtime_checkable
+class Prepares(Protocol):
+    """A source that can get many sequences ready at once (``prepare(sequences, bits=...)``):
+    their tables made if missing, first contact made, in as few round trips as it can."""
+
+    def prepare(self, sequences: Iterable[str | None], *, bits: int = 64) -> None: ...
+
+
+@runtime_checkable
+class GivesBackMany(Protocol):
+    """A source that takes many ranges back in one round trip: ``give_back_many(items)``
+    with ``(sequence, ids, bits)`` items returns how many of each it took back."""
+
+    def give_back_many(self, items: Sequence[tuple[str | None, range, int]]) -> list[int]: ...
+
+
+def blocks_from(source: TicketSource, requests: Sequence[Request]) -> list[range | TicketsError]:
+    """``next_blocks`` of ``source``, or one ``next_block`` per request where it has none."""
+    if not requests:
+        return []
+    if isinstance(source, TakesMany):
+        found = source.next_blocks(requests)
+        if len(found) != len(requests):
+            raise TicketsError(
+                f"{source!r}.next_blocks returned {len(found)} results for {len(requests)} "
+                "requests; it must return one per request"
+            )
+        return found
+    out: list[range | TicketsError] = []
+    for sequence, count, bits in requests:
+        try:
+            out.append(source.next_block(sequence, count, bits=bits))
+        except TicketsError as error:
+            out.append(error)
+    return out
+
+
+def prepare_in(source: object, sequences: Sequence[str | None], bits: int) -> None:
+    """Have ``source`` get ``sequences`` ready if it can (see :class:`Prepares`)."""
+    if sequences and isinstance(source, Prepares):
+        source.prepare(sequences, bits=bits)
 
 
 def ensure_above_in(source: object, sequence: str | None, floor: int, bits: int = 64) -> bool:
@@ -125,6 +185,42 @@ def give_back_to(source: object, sequence: str | None, ids: range, bits: int = 6
             "many it took back (0 to len(ids))"
         )
     return taken
+
+
+def give_back_all(source: object, items: Sequence[tuple[str | None, range, int]]) -> list[int]:
+    """Give every ``(sequence, ids, bits)`` of ``items`` back to ``source``, in one round trip
+    where it takes many (:class:`GivesBackMany`), else one by one (:func:`give_back_to`);
+    how many of each it took. A failure takes nothing back (those ids are burned)."""
+    items = [item for item in items if item[1]]
+    if not items or not isinstance(source, GivesBack):
+        return [0] * len(items)
+    if not isinstance(source, GivesBackMany) or len(items) == 1:
+        return [give_back_to(source, seq, ids, bits) for seq, ids, bits in items]
+    exiting = _process.exiting()
+    if exiting:
+        with _gone_lock:
+            if source in _gone_at_exit:
+                return [0] * len(items)
+    try:
+        taken = source.give_back_many(items)
+    except TicketsError as error:
+        if exiting and isinstance(error, DatabaseUnavailable):
+            with _gone_lock:
+                _gone_at_exit.add(source)
+        (logger.debug if exiting else logger.warning)(
+            "%r could not take back %d ranges (%d ids): %s", source, len(items),
+            sum(len(ids) for _, ids, _ in items), error,
+        )
+        return [0] * len(items)
+    if len(taken) != len(items) or any(
+        isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(ids)
+        for n, (_, ids, _) in zip(taken, items, strict=True)
+    ):
+        raise TicketsError(
+            f"{source!r}.give_back_many returned {taken!r}; it must return, for each range, "
+            "how many ids it took back (0 to its length)"
+        )
+    return list(taken)
 
 
 def coalesce(blocks: Iterable[range]) -> list[range]:

@@ -1,129 +1,91 @@
 """HubSpot-style caching of ticket ids: blocks taken ahead of need, refilled in the background.
 
 Each (sequence, bits) has a *lane*. A lane holds the ids it was given as blocks (``range``s): a
-queue of blocks taken ahead, the rest of the block being handed out, and a short ``deque`` of
-ready ids. ``next_id`` pops from that deque and nothing else — ``deque.popleft`` is atomic, so the
-hot path takes no lock and makes no call beyond it. Every few ids (a *chunk*) the slow path
-refills the deque under the lane's lock; that is where the rate is measured, and where a
-background refill starts when the ids in hand fall under the low-water mark.
+queue of blocks taken ahead, the rest of the block being handed out, and a *chunk* of that
+block ready for ``next_id`` as a ``range`` iterator. ``next_id`` calls the chunk's ``__next__``
+and nothing else — one atomic step under the GIL, so the hot path takes no lock, and a chunk
+costs the same memory whatever its length. When a chunk runs out, the slow path carves the next
+one under the lane's lock; that is where the rate is measured, and where a background refill
+starts when the ids in hand fall under the low-water mark. A chunk ends at that mark, so the
+check comes exactly when it is due, and a quiet lane is as fast as a busy one.
 
-Sizing follows VTickets: an exponentially weighted request rate (rising at once on a spike,
-decaying over ``window`` seconds after it) times ``supply`` seconds gives the block size, bounded
-by ``min_block``/``max_block`` and by the waste budget — the most ids a restart may burn. The
-low-water mark is half a block, and never less than four refill latencies of ids: so a refill
-is asked for while half a block is still in hand (a double buffer), and arrives long before the
-lane runs dry.
+Sizing (``_sizing.py``) follows VTickets: ``supply`` seconds of ids at an exponentially
+weighted request rate, within ``min_block``..``max_block`` and the waste budget — the most ids
+a crash may burn. A refill brings one such block when the lane falls to half of it, so under a
+steady rate a lane rides out an outage of its source for at least ``supply / 2`` seconds.
+Refills of every lane run on one small pool of threads (``_refill.py``), the lanes with the
+shortest runway first.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
+import operator
 import threading
 import time
-import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from queue import SimpleQueue
 from typing import Any
 
 from .. import _process
 from .. import metrics as _metrics
-from .._naming import check_bits, max_id, normalize_sequence
+from .._deprecation import warn_renamed
+from .._naming import check_bits, normalize_sequence
 from ..errors import ExhaustedError, TicketsError, TicketServerUnavailable
+from . import _open
+from ._refill import Refiller
+from ._sizing import RATE_INTERVAL, Sizing, budget_of, next_rate, runway
 from .base import (
+    Request,
+    TakesMany,
     TicketSource,
     above,
-    as_runs,
+    blocks_from,
     check_count,
     check_ids,
     coalesce,
     ensure_above_in,
+    give_back_all,
     give_back_to,
+    prepare_in,
 )
 
 logger = logging.getLogger("sqlalchemy_tickets")
 
-#: Shortest interval, in seconds, over which the request rate is measured.
-RATE_INTERVAL = 0.1
+#: Most ids in one chunk: what ``close`` or a ``next_block`` takes out of a chunk in one atomic
+#: step is materialized, so it stays modest.
+MAX_CHUNK = 16_384
 
-#: Most ids moved to a lane's ready deque at once: bounds the work under the lock and the
-#: staleness of the rate estimate.
-MAX_CHUNK = 4096
+#: Most lanes refilled in one round trip, where the source serves many at once.
+REFILL_BATCH = 64
 
-
-class _RefillThreads:
-    """Up to ``workers`` daemon threads running refills, started as needed.
-
-    Daemon threads, unlike a ``ThreadPoolExecutor``'s: the interpreter joins non-daemon threads
-    *before* it runs exit hooks, so a refill retrying a server that is down would hold the exit
-    back for ever, and the hook that closes caches (and gives their ids back) would never run.
-    :meth:`CachedSource.close` waits for a refill in flight itself, up to its timeout.
-    """
-
-    def __init__(self, workers: int) -> None:
-        self._workers = max(1, workers)
-        self._jobs: SimpleQueue[tuple[Callable[..., object], tuple[object, ...]] | None] = (
-            SimpleQueue()
-        )
-        self._lock = threading.Lock()
-        self._threads = 0
-        self._idle = 0
-        self._shut = False
-
-    def submit(self, fn: Callable[..., object], *args: object) -> None:
-        with self._lock:
-            if self._shut:
-                raise RuntimeError("refill threads shut down")
-            self._jobs.put((fn, args))
-            if self._idle == 0 and self._threads < self._workers:
-                self._threads += 1
-                threading.Thread(
-                    target=self._work, name=f"tickets-refill_{self._threads}", daemon=True
-                ).start()
-            else:
-                self._idle -= 1  # an idle thread takes this job
-
-    def shutdown(self) -> None:
-        """No more jobs; threads end once the jobs queued so far are done."""
-        with self._lock:
-            self._shut = True
-            for _ in range(self._threads):
-                self._jobs.put(None)
-
-    def _work(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            fn, args = job
-            try:
-                fn(*args)
-            except BaseException:  # logged by the refill itself; the thread serves on
-                logger.debug("refill job failed", exc_info=True)
-            with self._lock:
-                self._idle += 1
+_EMPTY: Iterator[int] = iter(range(0))
 
 
 @dataclass(eq=False)
 class _Lane:
-    """The cache of one (sequence, bits). Everything but ``ready`` is guarded by ``lock``."""
+    """The cache of one (sequence, bits). Everything but ``chunk`` is guarded by ``lock``."""
 
     sequence: str | None
     bits: int
     lock: threading.Lock = field(default_factory=threading.Lock)
-    ready: deque[int] = field(default_factory=deque)
+    #: The ids ready for ``next_id``: an iterator over part of ``rest``'s block.
+    chunk: Iterator[int] = _EMPTY
+    chunk_step: int = 1
     rest: range = range(0)
     ahead: deque[range] = field(default_factory=deque)
-    ready_step: int = 1  # the stride of the ids in ``ready`` (one slice of one block)
+    #: The keys this lane is reached by in the cache's hot-path dicts (every spelling).
+    keys: list[str | None] = field(default_factory=list)
     refilling: bool = False
-    pending: int = 0  # ids asked for by the refill in flight: held as soon as it is asked
+    pending: int = 0  # ids asked for by the refill in flight: held as soon as asked
     wanted: int = 0  # ids a caller of next_block is short of: the next refill includes them
     error: BaseException | None = None
     failures: int = 0
     # Counters.
-    moved: int = 0  # ids moved into ``ready``
+    moved: int = 0  # ids put in chunks
     carved: int = 0  # ids handed out through next_block
     round_trips: int = 0
     blocking_waits: int = 0
@@ -140,7 +102,10 @@ class _Lane:
     # Estimates.
     rate: float = 0.0  # ids per second, EWMA
     latency: float = 0.0  # seconds per refill, EWMA
-    block_size: int = 0
+    block_size: int = 0  # the target the last refill was sized for
+    grown: int = 0  # a doubled block, while the rate lags behind use
+    asked_at: float = -math.inf  # when the last refill was asked for (the cache's clock)
+    born: float = 0.0  # when the lane was made (the cache's clock): how long its rate is known
     rate_time: float = 0.0
     rate_count: int = 0
     last_issued: int = 0
@@ -150,58 +115,62 @@ class _Lane:
         self.changed = threading.Condition(self.lock)
 
     @property
+    def ready(self) -> int:
+        return operator.length_hint(self.chunk)
+
+    @property
     def issued(self) -> int:
-        return self.moved - len(self.ready) + self.carved
+        return self.moved - self.ready + self.carved
 
     @property
     def in_hand(self) -> int:
-        return len(self.ready) + len(self.rest) + sum(len(b) for b in self.ahead)
+        return self.ready + len(self.rest) + sum(len(b) for b in self.ahead)
+
+    def take_chunk(self, count: int | None = None) -> range:
+        """Up to ``count`` (``None``: all) ids from the front of the chunk, as a range (lock
+        held). One atomic step under the GIL: a ``next_id`` racing it gets the ids before or
+        after them, so each id goes to one of the two, and what this takes follows on."""
+        got = list(self.chunk) if count is None else list(itertools.islice(self.chunk, count))
+        if not got:
+            return range(0)
+        return range(got[0], got[-1] + self.chunk_step, self.chunk_step)
 
     def take_all(self) -> list[range]:
         """Everything the lane holds, as ranges in the order it would hand them out; the lane
-        is left empty (lock held). Ready ids are popped one by one, as ``next_id`` pops them
-        without the lock: each goes either to a caller or here, never to both."""
-        drained: list[int] = []
-        pop = self.ready.popleft
-        while True:
-            try:
-                drained.append(pop())
-            except IndexError:
-                break
-        self.moved -= len(drained)  # back in hand, unissued: ``issued`` stays true
-        held = [*as_runs(drained, self.ready_step), self.rest, *self.ahead]
+        is left empty (lock held)."""
+        ready = self.take_chunk()
+        self.moved -= len(ready)  # back in hand, unissued: ``issued`` stays true
+        held = [ready, self.rest, *self.ahead]
         self.rest = range(0)
         self.ahead.clear()
         return [block for block in held if block]
 
 
 class CachedSource:
-    """A cache in front of any ticket source (a server, servers, or another cache).
+    """A cache in front of any ticket source (a server, servers, a tier, or another cache).
 
     Args:
-        source: where blocks come from (``next_block`` is called in background threads).
-        min_block: smallest block asked for.
+        source: where blocks come from (called in background threads, and by :meth:`prepare`).
+        min_block: smallest block asked for (a lane's first block).
         max_block: largest block asked for.
-        supply: seconds of ids, at the recent rate, that one block should last.
+        supply: seconds of ids, at the recent rate, that one block should last; a lane refills
+            when it holds half of that, so it rides out an outage of ``source`` of at least
+            ``supply / 2`` seconds at a steady rate.
         window: seconds over which the rate estimate forgets a spike (HubSpot: 15 minutes).
-        waste_budget: the most ids held at once, i.e. the most a restart can burn: an ``int``
-            (ids), or a ``float`` in (0, 1) (a share of what is left of the sequence's id space).
-            Everything counts: the ids ready, the blocks taken ahead, the refill in flight,
-            and what a large ``next_block`` asked for (it gets fewer rather than pass it).
-        waste_ratio: the most ids held ahead of need, as a share of the ids this cache has
-            issued so far (never less than ``min_block``, nor than four refill latencies of
-            ids at the current rate up to twice this share, so that refills still land before
-            the lane runs dry). A
-            process that exits soon after a burst burns about this share of what it used, not
-            ``max_block``: a burst sizes blocks for minutes of ids only once the cache has
-            issued enough for those to be a small share.
+        waste_budget: the most ids a lane holds at once — what a crash (SIGKILL, out of memory)
+            can burn, since a clean exit gives them back: an ``int`` (ids), or a ``float`` in
+            (0, 1) (a share of what is left of the sequence's id space). Everything counts: the
+            chunk, the rest of the block, the blocks taken ahead, the refill in flight, and what
+            a large ``next_block`` asked for (it gets fewer rather than pass it).
         timeout: seconds a caller may wait when the cache is empty before
             :class:`TicketServerUnavailable` is raised (and that :meth:`close` waits for a
             block still on its way).
         backoff: first pause after a failed refill, doubling up to ``max_backoff``.
         clock: monotonic clock (a parameter so tests can drive the rate estimate); every
             deadline of the cache (waits for ids, :meth:`wait_idle`, :meth:`close`) is read on it.
-        max_workers: refill threads (refills of one lane never overlap).
+        max_workers: refill threads, for all lanes together (refills of one lane never overlap).
+        waste_ratio: deprecated, no effect (a crash's burn is bounded by ``waste_budget``; a
+            clean exit gives every id held back).
     """
 
     def __init__(
@@ -213,12 +182,12 @@ class CachedSource:
         supply: float = 30.0,
         window: float = 900.0,
         waste_budget: int | float = 0.001,
-        waste_ratio: float = 0.05,
         timeout: float = 2.0,
         backoff: float = 0.1,
         max_backoff: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         max_workers: int = 4,
+        waste_ratio: float | None = None,
     ) -> None:
         if not isinstance(source, TicketSource):
             raise TicketsError(f"{source!r} is not a ticket source (needs next_id, next_block)")
@@ -236,15 +205,12 @@ class CachedSource:
                 f"waste_budget must be an int >= 2 (ids) or a float in (0, 1) (a share of the "
                 f"id space left), not {waste_budget!r}"
             )
-        if isinstance(waste_ratio, bool) or not isinstance(waste_ratio, (int, float)) or not (
-            0 < waste_ratio
-        ):
-            raise TicketsError(
-                f"waste_ratio must be a positive share of the ids issued (e.g. 0.05), "
-                f"not {waste_ratio!r}"
-            )
+        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+            raise TicketsError(f"max_workers must be a positive integer, not {max_workers!r}")
+        if waste_ratio is not None:
+            warn_renamed("CachedSource(waste_ratio=...)", "waste_budget= (it no longer has "
+                         "any effect: a clean exit gives every id held back)")
         self.source = source
-        self.waste_ratio = float(waste_ratio)
         self.min_block = min_block
         self.max_block = max_block
         self.supply = float(supply)
@@ -253,19 +219,29 @@ class CachedSource:
         self.timeout = float(timeout)
         self.backoff = float(backoff)
         self.max_backoff = float(max_backoff)
+        self.sizing = Sizing(self.supply, self.window, min_block, max_block)
         self._clock = clock
-        self._lanes: dict[tuple[str | None, int], _Lane] = {}
-        # The hot path: each lane's ``ready.popleft``, bound once, keyed as callers spell it.
-        self._pop: dict[tuple[str | None, int], Callable[[], int]] = {}
-        self._pop64: dict[str | None, Callable[[], int]] = {}
-        self._lanes_lock = threading.Lock()
+        self._max_workers = max_workers
+        # Without the GIL a chunk's ``__next__`` is not one atomic step: every call locks.
+        self._lock_free = _process.gil_enabled()
         self._closed = threading.Event()
         self._close_lock = threading.Lock()
-        self._max_workers = max_workers
-        self._executor = _RefillThreads(max_workers)
-        with _open_caches_lock:
-            _open_caches.add(self)
+        self._reset_state()
+        _open.register(self)
+        _process.track(self)
         _metrics.enable_if_installed()
+
+    def _reset_state(self) -> None:
+        self._lanes: dict[tuple[str | None, int], _Lane] = {}
+        # The hot path: each lane's chunk's ``__next__``, keyed as callers spell the sequence.
+        self._next64: dict[str | None, Callable[[], int]] = {}
+        self._next: dict[tuple[str | None, int], Callable[[], int]] = {}
+        self._lanes_lock = threading.Lock()
+        batch = REFILL_BATCH if isinstance(self.source, TakesMany) else 1
+        self._refiller: Refiller[_Lane] = Refiller(
+            self._refill, name="tickets-refill", workers=self._max_workers, batch=batch,
+            clock=self._clock,
+        )
 
     def __repr__(self) -> str:
         return f"CachedSource({self.source!r})"
@@ -283,17 +259,17 @@ class CachedSource:
             # Keyed by the name alone for 64 bits: hashing a (name, bits) tuple per call would
             # cost more than the rest of this method.
             if bits == 64:
-                return self._pop64[sequence]()
-            return self._pop[sequence, bits]()
-        except (KeyError, IndexError):
+                return self._next64[sequence]()
+            return self._next[sequence, bits]()
+        except (KeyError, StopIteration):
             return self._next_id_slow(sequence, bits)
 
     async def next_id_async(self, sequence: str | None = None, *, bits: int = 64) -> int:
         """:meth:`next_id` for asyncio code: from memory, or awaited in a worker thread when the
         cache is empty, so the event loop never waits on a round trip."""
         try:
-            return self._pop[sequence, bits]()
-        except (KeyError, IndexError):
+            return self._next[sequence, bits]()
+        except (KeyError, StopIteration):
             import asyncio  # here: most processes never need the event loop machinery
 
             return await asyncio.to_thread(self._next_id_slow, sequence, bits)
@@ -316,18 +292,71 @@ class CachedSource:
                 # so the lane's ids keep their order.
                 lane.wanted = max(lane.wanted, shortfall)
             while True:
-                taken = self._take_ready(lane, count)
-                if taken is None and (lane.rest or lane.ahead):
+                taken = lane.take_chunk(count)
+                if taken and not lane.ready and len(taken) < count and lane.rest and (
+                    lane.rest.step == taken.step and lane.rest.start == taken[-1] + taken.step
+                ):
+                    # The chunk ran out: carry on into the rest of its block.
+                    more = lane.rest[: count - len(taken)]
+                    lane.rest = lane.rest[len(more) :]
+                    lane.carved += len(more)
+                    taken = range(taken.start, more[-1] + more.step, more.step)
+                elif not taken and (lane.rest or lane.ahead):
                     if not lane.rest:
                         lane.rest = lane.ahead.popleft()
                     taken = lane.rest[:count]
                     lane.rest = lane.rest[count:]
                     lane.carved += len(taken)
-                if taken is not None:
+                if taken:
                     lane.last_issued = max(lane.last_issued, taken[-1])
                     self._observe(lane)
                     return taken
                 self._wait_for_ids(lane)
+
+    def next_blocks(self, requests: Sequence[Request]) -> list[range | TicketsError]:
+        """:meth:`next_block` for each ``(sequence, count, bits)``, from memory (a cache above
+        refilling many lanes at once)."""
+        out: list[range | TicketsError] = []
+        for sequence, count, bits in requests:
+            try:
+                out.append(self.next_block(sequence, count, bits=bits))
+            except TicketsError as error:
+                out.append(error)
+        return out
+
+    def prepare(self, sequences: Iterable[str | None], *, bits: int = 64) -> None:
+        """Get ``sequences`` ready before their first ids are asked for: the source prepares
+        them (tables made if missing, first contact), then every lane that holds nothing takes
+        its first block — as few round trips as the source allows (one per batch of sequences
+        where it serves many at once, such as a :class:`TicketServer` or a
+        :class:`DatacenterTier`), instead of one blocking wait per sequence.
+
+        Raises the first :class:`TicketsError` a sequence met (the others keep their blocks).
+        """
+        check_bits(bits)
+        names = list(dict.fromkeys(normalize_sequence(s) for s in sequences))
+        if self._closed.is_set():
+            raise TicketsError(f"{self!r} is closed")
+        prepare_in(self.source, names, bits)
+        lanes = [self._lane(name, bits) for name in names]
+        wanted: list[tuple[_Lane, int]] = []
+        for lane in lanes:
+            with lane.lock:
+                if lane.in_hand or lane.refilling:
+                    continue
+                size = min(self.min_block, self._budget(lane))
+                lane.refilling, lane.pending = True, size
+                lane.asked_at = self._clock()
+                lane.block_size = size
+            wanted.append((lane, size))
+        first: TicketsError | None = None
+        for start in range(0, len(wanted), REFILL_BATCH * 16):
+            batch = wanted[start : start + REFILL_BATCH * 16]
+            failed = self._take_blocks(batch, time.perf_counter())
+            if failed is not None and first is None:
+                first = failed
+        if first is not None:
+            raise first
 
     def give_back(self, sequence: str | None, ids: range, *, bits: int = 64) -> int:
         """Take back ids this cache issued and nobody used (a cache above closing); returns
@@ -395,58 +424,27 @@ class CachedSource:
         moved = ensure_above_in(self.source, lane.sequence, floor, bits)
         return bool(dropped) or moved
 
-    def _take_ready(self, lane: _Lane, count: int) -> range | None:
-        """Up to ``count`` ids from the front of the ready deque, and on into the rest of the
-        block when they follow on (lane lock held); ``None`` when nothing is ready."""
-        ready = lane.ready
-        try:
-            first = ready.popleft()
-        except IndexError:
-            return None
-        step = lane.ready_step
-        last = first
-        n = 1
-        gap = False
-        while n < count:
-            try:
-                got = ready.popleft()
-            except IndexError:
-                break
-            if got != last + step:
-                # A next_id in another thread took the id in between. Putting ``got`` back
-                # could hand that thread an id below the one it just had: it is burned
-                # instead (only when next_block and next_id race on one lane).
-                lane.moved -= 1
-                lane.burned += 1
-                gap = True
-                break
-            last = got
-            n += 1
-        if n < count and not gap and not ready and lane.rest and lane.rest.step == step and (
-            lane.rest.start == last + step
-        ):
-            more = lane.rest[: count - n]
-            lane.rest = lane.rest[len(more) :]
-            lane.carved += len(more)
-            last = more[-1]
-        return range(first, last + step, step)
-
     # -- management ---------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Counters and estimates, in total and per sequence (keyed ``name/bits``)."""
+        """Counters and estimates, in total and per sequence (keyed ``name/bits``).
+
+        ``in_hand`` (plus ``in_flight``) is what a crash would burn now; ``runway`` the seconds
+        it lasts at ``rate`` with the source down."""
         per: dict[str, dict[str, Any]] = {}
         for lane in self._distinct_lanes():
             with lane.lock:
+                in_hand = lane.in_hand
                 per[f"{lane.sequence or 'Tickets'}/{lane.bits}"] = {
                     "issued": lane.issued,
                     "round_trips": lane.round_trips,
                     "blocking_waits": lane.blocking_waits,
                     "refills": lane.refills,
                     "block_size": lane.block_size,
-                    "in_hand": lane.in_hand,
+                    "in_hand": in_hand,
                     "in_flight": lane.pending,
                     "rate": lane.rate,
+                    "runway": runway(in_hand, lane.rate),
                     "refill_latency": lane.latency,
                     "burned": lane.burned,
                     "given_back": lane.given_back,
@@ -467,6 +465,7 @@ class CachedSource:
         total["rewinds"] = found if isinstance(found, int) else 0
         total["rate"] = sum(s["rate"] for s in per.values())
         total["block_size"] = max((s["block_size"] for s in per.values()), default=0)
+        total["threads"] = self._refiller.threads()
         total["sequences"] = per
         return total
 
@@ -487,50 +486,61 @@ class CachedSource:
         """Stop refilling and give the ids in hand back to the source where it can take them;
         returns (and logs) how many were burned.
 
-        Everything the cache holds goes back — ready ids, the rest of the block being handed
+        Everything the cache holds goes back — the chunk, the rest of the block being handed
         out, blocks taken ahead, and a block still on its way (waited for, up to ``timeout``)
         — as few ranges as possible, the last one first (a ticket server takes back only its
-        latest block). Burned: what was held and not taken back, plus a block still on its way
-        after the wait (given back when it lands; ``stats()`` then counts it).
+        latest block), in one round trip for all lanes where the source takes many at once.
+        Burned: what was held and not taken back, plus a block still on its way after the
+        wait (given back when it lands; ``stats()`` then counts it).
         """
         with self._close_lock:
             if self._closed.is_set():
                 return 0
             self._closed.set()
-        # A block still on its way belongs to the cache: let it land so it can go back too.
-        self.wait_idle(self.timeout)
-        burned = 0
-        for lane in self._distinct_lanes():
+        # A block on its way belongs to the cache: let it land so it can go back too. Refills
+        # waiting out a back-off are not run any more.
+        self._refiller.close(self.timeout)
+        lanes = self._distinct_lanes()
+        items: list[tuple[str | None, range, int]] = []
+        owners: list[_Lane] = []
+        late = 0
+        for lane in lanes:
             with lane.lock:
                 held = lane.take_all()
                 lane.harvested = True
+                if lane.refilling and not self._refiller.scheduled(lane):
+                    lane.refilling, lane.pending = False, 0  # a back-off that will not run
                 lane.late = lane.pending if lane.refilling else 0
-                late = lane.late
+                late += lane.late
                 lane.changed.notify_all()
-            taken = 0
             for run in reversed(coalesce(held)):  # the highest first
-                taken += give_back_to(self.source, lane.sequence, run, lane.bits)
-            lost = sum(len(b) for b in held) - taken
+                items.append((lane.sequence, run, lane.bits))
+                owners.append(lane)
+        taken = give_back_all(self.source, items)
+        burned = late
+        per_lane: dict[int, list[int]] = {}
+        for lane, (_, ids, _), n in zip(owners, items, taken, strict=True):
             with lane.lock:
-                lane.burned += lost
-                lane.given_back += taken
-            burned += lost + late
-            if lost or late or taken:
-                logger.info(
-                    "closing cache of %s/%d: %d ids given back, %d burned%s",
-                    lane.sequence, lane.bits, taken, lost,
-                    f", {late} still on their way" if late else "",
-                )
-        self._executor.shutdown()
-        _retire(self)
+                lane.burned += len(ids) - n
+                lane.given_back += n
+            burned += len(ids) - n
+            figures = per_lane.setdefault(id(lane), [0, 0])
+            figures[0] += n
+            figures[1] += len(ids) - n
+        given = sum(taken)
+        if items or late:
+            logger.info(
+                "closing %r: %d ids given back, %d burned over %d lanes%s",
+                self, given, burned - late, len(per_lane),
+                f", {late} still on their way" if late else "",
+            )
+        _open.retire(self)
         return burned
 
-    def _reset_after_fork(self) -> None:
-        self._lanes = {}
-        self._pop = {}
-        self._pop64 = {}
-        self._lanes_lock = threading.Lock()
-        self._executor = _RefillThreads(self._max_workers)
+    def _after_fork_in_child(self) -> None:
+        # A child holding its parent's ids would issue them a second time: drop them, with
+        # every lock and thread, which did not survive the fork anyway.
+        self._reset_state()
 
     def __enter__(self) -> CachedSource:
         return self
@@ -538,7 +548,7 @@ class CachedSource:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- internals ----------------------------------------------------------------------------
+    # -- internals: lanes ---------------------------------------------------------------------
 
     def _distinct_lanes(self) -> list[_Lane]:
         """Each lane once (a lane is listed under every spelling callers used)."""
@@ -553,40 +563,55 @@ class CachedSource:
             with self._lanes_lock:
                 lane = self._lanes.get((name, bits))
                 if lane is None:
-                    lane = _Lane(name, bits, rate_time=self._clock())
+                    now = self._clock()
+                    lane = _Lane(name, bits, rate_time=now, born=now)
                     self._lanes[name, bits] = lane
                 # The caller's spelling maps to the same lane: "Photos" and "photos" are one.
-                self._lanes[sequence, bits] = lane
-                self._pop[sequence, bits] = lane.ready.popleft
-                if bits == 64:
-                    self._pop64[sequence] = lane.ready.popleft
+                if (sequence, bits) not in self._lanes or sequence not in lane.keys:
+                    self._lanes[sequence, bits] = lane
+                    lane.keys.append(sequence)
+                    self._install(lane, sequence)
         return lane
+
+    def _install(self, lane: _Lane, key: str | None) -> None:
+        """Point the hot path of spelling ``key`` at the lane's chunk (free-threaded builds:
+        nowhere, so every call takes the lane's lock)."""
+        if not self._lock_free:
+            return
+        step = lane.chunk.__next__
+        self._next[key, lane.bits] = step
+        if lane.bits == 64:
+            self._next64[key] = step
 
     def _next_id_slow(self, sequence: str | None, bits: int) -> int:
         lane = self._lane(sequence, bits)
         with lane.lock:
             while True:
-                try:
-                    return lane.ready.popleft()
-                except IndexError:
-                    pass
+                found = next(lane.chunk, None)  # another thread may have carved a chunk
+                if found is not None:
+                    return found
                 if not lane.rest and lane.ahead:
                     lane.rest = lane.ahead.popleft()
                 if lane.rest:
-                    chunk = lane.rest[: self._chunk(lane)]
-                    lane.rest = lane.rest[len(chunk) :]
-                    lane.ready_step = chunk.step
-                    lane.ready.extend(chunk)
-                    lane.moved += len(chunk)
-                    lane.last_issued = max(lane.last_issued, chunk[-1])
+                    self._carve(lane)
                     self._observe(lane)
                     continue
                 self._wait_for_ids(lane)
 
-    def _chunk(self, lane: _Lane) -> int:
-        """Ids to move to the ready deque at once: small enough that the low-water check, made
-        once per chunk, sees the lane cross its mark in time."""
-        return max(1, min(MAX_CHUNK, self._low_water(lane) // 4))
+    def _carve(self, lane: _Lane) -> None:
+        """Make the next chunk from the rest of the block (lock held): the ids down to the
+        low-water mark, so the slow path comes back exactly when a refill is due; below the
+        mark, a quarter of it at a time, to keep measuring the rate."""
+        low = self._low_water(lane)
+        size = max(1, lane.in_hand - low, low // 4)
+        chunk = lane.rest[: min(size, MAX_CHUNK)]
+        lane.rest = lane.rest[len(chunk) :]
+        lane.chunk = iter(chunk)
+        lane.chunk_step = chunk.step
+        lane.moved += len(chunk)
+        lane.last_issued = max(lane.last_issued, chunk[-1])
+        for key in lane.keys:
+            self._install(lane, key)
 
     def _wait_for_ids(self, lane: _Lane) -> None:
         """The lane is empty: wait (with its lock held by the caller) for a refill."""
@@ -598,7 +623,9 @@ class CachedSource:
         if lane.error is not None and not lane.refilling:
             lane.error = None
         self._start_refill(lane)
-        while not (lane.rest or lane.ahead):
+        # A refill waiting out a back-off runs now: a caller is waiting for it.
+        self._refiller.hurry(lane, 0.0)
+        while not (lane.rest or lane.ahead or lane.ready):
             if isinstance(lane.error, ExhaustedError):
                 raise lane.error
             left = deadline - clock()
@@ -610,133 +637,128 @@ class CachedSource:
                 )
             lane.changed.wait(left)
 
+    # -- internals: sizing --------------------------------------------------------------------
+
     def _observe(self, lane: _Lane) -> None:
         """Update the rate estimate; start a refill if the lane is under its low-water mark."""
         now = self._clock()
         elapsed = now - lane.rate_time
-        # Shorter intervals measure noise: a few ids a microsecond apart are not a rate.
         if elapsed >= RATE_INTERVAL:
             issued = lane.issued
-            rate = (issued - lane.rate_count) / elapsed
-            if rate > lane.rate:
-                lane.rate = rate  # grow at once on a spike...
-            else:  # ...and forget it slowly.
-                lane.rate += (rate - lane.rate) * (1 - math.exp(-elapsed / self.window))
+            lane.rate = next_rate(lane.rate, (issued - lane.rate_count) / elapsed, elapsed,
+                                  self.window)
             lane.rate_time = now
             lane.rate_count = issued
-        if lane.in_hand < self._low_water(lane):
+        if lane.in_hand <= self._low_water(lane):
             self._start_refill(lane)
-
-    def _low_water(self, lane: _Lane) -> int:
-        size = lane.block_size or self.min_block
-        wanted = max(size // 2, math.ceil(lane.rate * lane.latency * 4), 1)
-        return min(wanted, max(1, self._hold_limit(lane) // 2))
 
     def _budget(self, lane: _Lane) -> int:
         """The most ids the lane may hold at once, the refill in flight included."""
-        budget = self.waste_budget
-        if isinstance(budget, float):
-            return max(2, int((max_id(lane.bits) - lane.last_issued) * budget))
-        return budget
+        return budget_of(self.waste_budget, lane.bits, lane.last_issued)
 
-    def _hold_limit(self, lane: _Lane) -> int:
-        """The most ids the lane may take ahead of need: a share of what it has issued (so a
-        short-lived process burns a share of what it used), enough to cover a refill's
-        latency at the current rate (so a refill lands before the lane runs dry), within
-        the waste budget."""
-        # The latency term follows the measured rate, which a single large flush (or a slow,
-        # loaded server) can drive far up; capping it at twice the share keeps what an exit
-        # burns a bounded share of what was used, whatever the rate estimate says.
-        share = lane.issued * self.waste_ratio
-        earned = max(
-            self.min_block,
-            math.ceil(share),
-            min(math.ceil(lane.rate * lane.latency * 4), math.ceil(2 * share)),
+    def _target(self, lane: _Lane) -> int:
+        earned = self.sizing.earned(self._clock() - lane.born, lane.issued)
+        return self.sizing.target(lane.rate, self._budget(lane), lane.grown, earned)
+
+    def _low_water(self, lane: _Lane) -> int:
+        return self.sizing.low_water(
+            self._target(lane), lane.rate, lane.latency, self._budget(lane)
         )
-        return max(1, min(earned, self._budget(lane)))
-
-    def _size(self, lane: _Lane) -> int:
-        """Ids ahead of need the next block should bring (with the lane's lock held)."""
-        size = min(self.max_block, max(self.min_block, math.ceil(lane.rate * self.supply)))
-        # Refills start under the low-water mark (at most half the hold limit), so a block
-        # of half the limit keeps what is held within it.
-        return max(1, min(size, self._hold_limit(lane) // 2))
 
     def _start_refill(self, lane: _Lane) -> None:
         if lane.refilling or self._closed.is_set():
             return
-        lane.block_size = self._size(lane)
+        now = self._clock()
+        if lane.block_size:
+            # The last block went in less than a quarter of ``supply``: the rate lags; double.
+            lane.grown = self.sizing.grow(lane.block_size, now - lane.asked_at)
+        target = self._target(lane)
         held = lane.in_hand
-        ahead = min(lane.block_size, max(0, self._hold_limit(lane) - held))
-        # What a caller of next_block is short of comes on top, but nothing passes the waste
-        # budget: that caller gets fewer and asks again.
-        size = min(lane.wanted + ahead, self._budget(lane) - held)
+        # A block of the target's size, plus what a caller of next_block is short of; but
+        # nothing passes the waste budget: that caller gets fewer and asks again.
+        size = min(lane.wanted + target, self._budget(lane) - held)
         if size < 1:
             return  # the lane already holds its whole budget
+        lane.block_size = target
+        lane.asked_at = now
         lane.wanted = 0
         lane.refilling = True
         lane.pending = size
-        try:
-            self._executor.submit(self._refill, lane, size)
-        except RuntimeError:  # the refill threads were shut down by close()
-            lane.refilling = False
-            lane.pending = 0
+        self._refiller.wake(lane, runway=runway(held, lane.rate))
 
-    def _refill(self, lane: _Lane, size: int) -> None:
-        """Take one block from upstream (in a refill thread), retrying with back-off."""
-        try:
-            self._take_block(lane, size)
-        finally:
+    # -- internals: refilling (in the refill threads) -----------------------------------------
+
+    def _refill(self, lanes: list[_Lane]) -> None:
+        """Take a block for each lane from the source: in one round trip where it serves many
+        (lanes that failed last time go alone, so that one stalled sequence does not hold the
+        others back)."""
+        wanted: list[tuple[_Lane, int]] = []
+        for lane in lanes:
             with lane.lock:
-                if self._closed.is_set() and lane.refilling:
-                    lane.refilling = False
-                    lane.pending = 0
-                    lane.changed.notify_all()
+                if lane.refilling and not lane.harvested:
+                    wanted.append((lane, lane.pending))
+        together = [w for w in wanted if w[0].failures == 0]
+        alone = [w for w in wanted if w[0].failures]
+        started = time.perf_counter()
+        if together:
+            self._take_blocks(together, started)
+        for one in alone:
+            self._take_blocks([one], time.perf_counter())
 
-    def _take_block(self, lane: _Lane, size: int) -> None:
-        pause = self.backoff
-        while not self._closed.is_set():
-            started = self._clock()
-            try:
-                block = self.source.next_block(lane.sequence, size, bits=lane.bits)
-            except ExhaustedError as error:
-                remaining = getattr(error, "remaining", None)
-                if remaining and remaining < size:
-                    size = remaining  # the sequence's last ids, exactly
-                    with lane.lock:
-                        lane.pending = size
-                    continue
+    def _take_blocks(
+        self, wanted: list[tuple[_Lane, int]], started: float
+    ) -> TicketsError | None:
+        """Ask the source for each lane's block; land what came, schedule what failed.
+        Returns the first error met (for :meth:`prepare`)."""
+        if not wanted:
+            return None
+        requests: list[Request] = [(lane.sequence, size, lane.bits) for lane, size in wanted]
+        try:
+            found = blocks_from(self.source, requests)
+        except TicketsError as error:
+            found = [error] * len(wanted)
+        except BaseException as error:  # a bug upstream must not leave the lanes stuck
+            for lane, _ in wanted:
                 self._failed(lane, error, final=True)
-                return
-            except TicketsError as error:
-                self._failed(lane, error, final=False)
-                if self._closed.wait(pause):
-                    return
-                pause = min(self.max_backoff, pause * 2)
+            raise
+        took = time.perf_counter() - started
+        first: TicketsError | None = None
+        for (lane, size), outcome in zip(wanted, found, strict=True):
+            if isinstance(outcome, range):
+                self._arrived(lane, outcome, took)
                 continue
-            except BaseException as error:  # a bug upstream must not leave the lane stuck
-                self._failed(lane, error, final=True)
-                raise
-            took = self._clock() - started
-            with lane.lock:
-                lane.round_trips += 1
-                landed_late = lane.harvested
-                if landed_late:
-                    # close() has been and gone: the block goes back, nobody gets it here.
-                    lane.late = 0
-                    lane.refilling = False
-                    lane.pending = 0
-                    lane.changed.notify_all()
-                else:
-                    self._landed(lane, block, took)
+            first = first or outcome
+            if isinstance(outcome, ExhaustedError):
+                remaining = outcome.remaining
+                if remaining and remaining < size:
+                    with lane.lock:
+                        lane.pending = remaining  # the sequence's last ids, exactly
+                    self._refiller.wake(lane, runway=0.0)
+                    continue
+                self._failed(lane, outcome, final=True)
+            else:
+                self._failed(lane, outcome, final=False)
+        return first
+
+    def _arrived(self, lane: _Lane, block: range, took: float) -> None:
+        with lane.lock:
+            lane.round_trips += 1
+            landed_late = lane.harvested
             if landed_late:
-                taken = give_back_to(self.source, lane.sequence, block, lane.bits)
-                with lane.lock:
-                    lane.given_back += taken
-                    lane.burned += len(block) - taken
-                logger.info("a block of %d ids of %s/%d landed after close: %d given back",
-                            len(block), lane.sequence, lane.bits, taken)
-            return
+                # close() has been and gone: the block goes back, nobody gets it here.
+                lane.late = 0
+                lane.refilling = False
+                lane.pending = 0
+                lane.changed.notify_all()
+            else:
+                self._landed(lane, block, took)
+        if landed_late:
+            taken = give_back_to(self.source, lane.sequence, block, lane.bits)
+            with lane.lock:
+                lane.given_back += taken
+                lane.burned += len(block) - taken
+            logger.info("a block of %d ids of %s/%d landed after close: %d given back",
+                        len(block), lane.sequence, lane.bits, taken)
 
     def _landed(self, lane: _Lane, block: range, took: float) -> None:
         """A refill brought ``block`` (lane lock held)."""
@@ -765,55 +787,17 @@ class CachedSource:
         with lane.lock:
             lane.error = error
             lane.failures += 1
-            if final:
+            failures = lane.failures
+            if final or self._closed.is_set():
                 lane.refilling = False
                 lane.pending = 0
             lane.changed.notify_all()
-        log = logger.error if final else logger.warning
-        log("refill of %s/%d failed (%d in a row): %s", lane.sequence, lane.bits,
-            lane.failures, error)
-
-
-# Caches still open at interpreter exit give up their ids and say how many.
-_open_caches: weakref.WeakSet[CachedSource] = weakref.WeakSet()
-# Guards _open_caches and _retired: metrics read them from a collector's thread.
-_open_caches_lock = threading.Lock()
-# Counters of closed caches, per "name/bits", so that counters read by metrics never go back.
-_RETIRED_KEYS = (
-    "issued", "burned", "given_back", "round_trips", "blocking_waits", "refills"
-)
-_retired: dict[str, dict[str, int]] = {}
-
-
-def _retire(cache: CachedSource) -> None:
-    """Fold a closed cache's counters into ``_retired`` and forget the cache, in one step."""
-    final = cache.stats()["sequences"]
-    with _open_caches_lock:
-        for key, figures in final.items():
-            kept = _retired.setdefault(key, dict.fromkeys(_RETIRED_KEYS, 0) | {"last_issued": 0})
-            for name in _RETIRED_KEYS:
-                kept[name] += figures[name]
-            kept["last_issued"] = max(kept["last_issued"], figures["last_issued"])
-        _open_caches.discard(cache)
-
-
-def open_caches() -> tuple[list[CachedSource], dict[str, dict[str, int]]]:
-    """The open caches and the counters of closed ones (per ``name/bits``), read together."""
-    with _open_caches_lock:
-        return list(_open_caches), {key: dict(kept) for key, kept in _retired.items()}
-
-
-def _forget_in_child() -> None:
-    """After fork, a child holding its parent's ids would issue them a second time: drop them,
-    with every lock and thread, which did not survive the fork anyway."""
-    global _open_caches_lock
-    _open_caches_lock = threading.Lock()
-    _retired.clear()  # the child's counters start from zero, as its caches do
-    for cache in list(_open_caches):
-        cache._reset_after_fork()
-
-
-_process.after_fork_in_child(_forget_in_child)
+        if not final:
+            pause = min(self.max_backoff, self.backoff * 2 ** (failures - 1))
+            self._refiller.defer(lane, pause, runway=0.0)
+        (logger.error if final else logger.warning)(
+            "refill of %s/%d failed (%d in a row): %s", lane.sequence, lane.bits, failures, error
+        )
 
 
 def _depth(cache: CachedSource) -> int:
@@ -824,6 +808,12 @@ def _depth(cache: CachedSource) -> int:
         depth += 1
         below = below.source
     return depth
+
+
+def open_caches() -> tuple[list[CachedSource], dict[str, dict[str, int]]]:
+    """The open caches and the counters of closed ones (per ``name/bits``), read together."""
+    caches, retired = _open.open_caches()
+    return [c for c in caches if isinstance(c, CachedSource)], retired
 
 
 @_process.at_exit

@@ -4,7 +4,7 @@ process on every host that names that database, refilled from the global tier in
 Two tables (names from :func:`~sqlalchemy_tickets._naming.tier_tables`, ``tickets_dc__stock`` and
 ``tickets_dc__state`` by default; the Core tables come from ``TicketBackend.tier_tables``)::
 
-    tickets_dc__stock: one row per range of ids in stock
+    tickets_dc__stock: one row per range of ids queued in stock
         sequence_name  VARCHAR(40)  ┐ the sequence ('' for Flickr's Tickets64/Tickets32)
         bits           SMALLINT     │ 32 or 64
         kind           SMALLINT     │ 0: given back, 1: never issued
@@ -13,7 +13,7 @@ Two tables (names from :func:`~sqlalchemy_tickets._naming.tier_tables`, ``ticket
         step           INTEGER        its stride (the upstream's: 2 for an odd/even pair)
 
     tickets_dc__state: one row per (sequence_name, bits)
-        stock          BIGINT   ids in stock (the sum over the stock rows, kept beside them)
+        stock          BIGINT   ids in stock (the head and every queued range)
         issued         BIGINT   ids taken, by every process, ever
         given_back     BIGINT   ids given back, ever
         refills        BIGINT   blocks brought from upstream; refilled: their ids
@@ -24,27 +24,34 @@ Two tables (names from :func:`~sqlalchemy_tickets._naming.tier_tables`, ``ticket
         claim_until    BIGINT   database clock (Unix ms) after which the claim is void
         refilled_at    BIGINT   database clock of the last block stored
         exhausted      SMALLINT 1 once upstream said the sequence has no ids left
+        head_kind, head_first, head_last, head_step
+                                the range being handed out (empty: head_first > head_last)
+        last_take      BIGINT   ids handed out by the latest take
 
-**Taking ids** (:meth:`DatacenterTier.next_block`) is one short transaction: lock the state row,
-read the first stock row (ranges given back first, then upwards), shorten or delete it, update the
-state row (stock, issued, rate). The state row's lock orders every writer of a sequence — takers,
-refillers, givers-back — so a range is never handed out twice, and a process killed mid-take
-either committed (those ids are its, burned) or changed nothing. Upstream is never called there.
+**Taking ids** (:meth:`DatacenterTier.next_block`) is one statement: it moves the state row's head
+by up to ``count`` ids and returns them (``_tier_store.py``; per backend, ``tier_take``), so the
+row's lock is held for one round trip and no process ever waits on another's transaction. The
+row's lock orders every writer of a sequence — takers, refillers, givers-back — so a range is
+never handed out twice, and a process killed mid-take either committed (those ids are its,
+burned) or changed nothing. When the head is empty, the next queued range becomes the head (a
+short transaction, once per range). Upstream is never called there.
 
-**Refilling** runs in a background thread per sequence, when a take leaves the stock under the
-low-water mark (half the target). The refiller first *claims* the refill in the state row — only
-if the stock is still low and no live claim exists — so one process at a time refills a sequence,
-whatever the number of processes and hosts. It then asks ``upstream.next_block`` for blocks (asking
-again after a short one), stores each as a stock row in its own transaction, renewing the claim,
-and releases the claim. A claim is void after ``claim_timeout`` seconds without renewal, so a
-refiller that dies or stalls blocks nobody for longer. A refiller killed with a block in transit
-burns that block and nothing else: stored blocks are durable, and ids are unique at the source.
+**Refilling** runs on the tier's refill threads (``_refill.py``: a few threads for every
+sequence, the shortest runway first, several sequences per round trip), when a take leaves the
+stock under the low-water mark. The refiller first *claims* the refill in the state row — only if
+the stock is still low and no live claim exists — so one process at a time refills a sequence,
+whatever the number of processes and hosts. It then asks ``upstream`` for blocks (of many
+sequences at once where upstream serves many), stores each in its own transaction, renewing the
+claim, and releases the claim. A claim is void after ``claim_timeout`` seconds without renewal,
+so a refiller that dies or stalls blocks nobody for longer. A refiller killed with a block in
+transit burns that block and nothing else: stored blocks are durable, and ids are unique at the
+source.
 
-**Sizing**: the stock aims at ``supply`` seconds of ids at the rate all processes take them,
-within ``min_block`` and the ``waste_budget``. The rate is kept in the state row, so every process
-sizes from the same figure; it rises at once with a spike and forgets it over ``window`` seconds
-(as :class:`~sqlalchemy_tickets.CachedSource`'s): ids in stock are durable, so stocking for a
-spike costs id space, not ids lost on a restart.
+**Sizing** (``_sizing.py``): the stock aims at ``supply`` seconds of ids at the rate all processes
+take them, within ``min_block`` and the ``waste_budget``. The rate is kept in the state row, so
+every process sizes from the same figure; it is sampled (at most once a second, by the refill
+threads, under the claim's lock) from the ``issued`` count the takes keep. Ids in stock are
+durable, so stocking for a spike costs id space, not ids lost on a restart.
 
 **Rewinds.** Two databases can go back in time under a tier (``docs/rewinds.md``):
 
@@ -56,10 +63,10 @@ spike costs id space, not ids lost on a restart.
   (``ensure_above``) and the refill asks again.
 * *its own database* (restored, or a lagging replica promoted) brings back ranges already
   issued. Its identity (``Identity``) is recorded in ``tickets_stamps``, checked in every take
-  (the expressions of ``identity_columns`` read with the state row), on each new connection and
-  at ``identity_interval``; when it changed, the first process to see it discards the whole stock
-  (a compare-and-set on the recorded identity, so it happens once) and refills from upstream,
-  which never rewound. Nobody needs to act.
+  (the expressions of ``identity_columns`` compared in the take's own statement), on each new
+  connection and at ``identity_interval``; when it changed, the first process to see it
+  discards the whole stock (a compare-and-set on the recorded identity, so it happens once) and
+  refills from upstream, which never rewound. Nobody needs to act.
 
 **Which clock.** Everything shared — the rate's samples and the claims' expiry — uses the database
 server's clock, read in the same statements: the one clock every process on every host agrees
@@ -69,6 +76,7 @@ back-off).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -77,10 +85,10 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -90,7 +98,6 @@ from .. import _process
 from .._naming import (
     DEFAULT_TIER_PREFIX,
     TicketTable,
-    TierTables,
     check_bits,
     check_seconds,
     max_id,
@@ -108,9 +115,32 @@ from ..errors import (
     UnknownSequenceError,
 )
 from . import _rewind
+from ._refill import Refiller
 from ._rewind import RewindPolicy
-from .base import KeepsAbove, TicketSource, above, check_count, ensure_above_in
-from .lease import db_now_ms
+from ._sizing import Sizing, next_rate, runway
+from ._tier_admin import (
+    TierStatus,
+    create_datacenter_tables,
+    create_tables,
+    datacenter_table_statements,
+    datacenter_tables,
+    describe,
+    describe_datacenter,
+    drop_datacenter_table_statements,
+    missing_table,
+)
+from ._tier_store import Key, Queued, State, Taken, TierStore, headable
+from .base import (
+    KeepsAbove,
+    Request,
+    TicketSource,
+    above,
+    blocks_from,
+    check_count,
+    check_ids,
+    ensure_above_in,
+    prepare_in,
+)
 from .server import _sync_bind
 
 __all__ = [
@@ -134,8 +164,16 @@ DEFAULT_WASTE_BUDGET = 10_000_000
 #: How often a caller waiting on an empty stock looks again for ids another process stored.
 _POLL = 0.05
 
-#: Times a block taken from upstream is offered to the database before it counts as burned.
+#: Times a batch of blocks from upstream is offered to the database before it counts as burned.
 _STORE_ATTEMPTS = 3
+
+#: Most sequences in one refill (one claim, one round trip upstream, one store).
+REFILL_BATCH = 64
+
+#: Times a take looks for ids again after making the next queued range the head.
+_TAKE_ATTEMPTS = 5
+
+_T = TypeVar("_T")
 
 
 def _name(sequence: str | None) -> str:
@@ -143,103 +181,16 @@ def _name(sequence: str | None) -> str:
     return "" if sequence is None else sequence
 
 
-def _sequence(name: str) -> str | None:
-    return None if name == "" else name
-
-
-def _missing(backend: TicketBackend, error: sa_exc.DBAPIError) -> bool:
-    return error.orig is not None and backend.is_missing_table(error.orig)
-
-
 class _MissingTables(Exception):
     """The tier's tables are not there (raised inside a unit, handled by its caller)."""
 
 
 class _NoState(Exception):
-    """The sequence has no state row yet."""
+    """A sequence has no state row yet."""
 
 
 class _Moved(Exception):
     """The tier's database is not the one this process last saw (restored, failed over)."""
-
-
-class _UpstreamRewound(Exception):
-    """Upstream offered ids at or below the highest the tier stored from that lane."""
-
-    def __init__(self, high: int) -> None:
-        super().__init__(high)
-        self.high = high
-
-
-# -- tables ------------------------------------------------------------------------------------
-
-
-def datacenter_tables(
-    metadata: sa.MetaData | None = None,
-    *,
-    dialect: str = "postgresql",
-    table_prefix: str = DEFAULT_TIER_PREFIX,
-) -> tuple[sa.Table, sa.Table]:
-    """The Core ``(stock, state)`` tables of a datacenter tier on ``dialect``'s backend (added
-    to ``metadata`` if given), e.g. for Alembic's ``target_metadata``."""
-    backend = _backend(dialect)
-    return backend.tier_tables(tier_tables(table_prefix), metadata)
-
-
-def datacenter_table_statements(
-    *, dialect: str = "postgresql", table_prefix: str = DEFAULT_TIER_PREFIX
-) -> list[sa.sql.Executable]:
-    """DDL creating a datacenter tier's tables; safe to run when they exist."""
-    return _backend(dialect).tier_statements(tier_tables(table_prefix))
-
-
-def drop_datacenter_table_statements(
-    *, dialect: str = "postgresql", table_prefix: str = DEFAULT_TIER_PREFIX
-) -> list[sa.sql.Executable]:
-    """DDL dropping a datacenter tier's tables (and the ids in stock with them)."""
-    return _backend(dialect).drop_tier_statements(tier_tables(table_prefix))
-
-
-def _backend(dialect: str) -> TicketBackend:
-    from ..dialects import backend_for
-
-    return backend_for(dialect)
-
-
-def create_datacenter_tables(
-    bind: Bind, *, table_prefix: str = DEFAULT_TIER_PREFIX, timeout: float = 5.0
-) -> None:
-    """Create a datacenter tier's tables in ``bind``'s database if they are not there.
-
-    Safe to run from several processes at once (creators wait for each other, bounded by
-    ``timeout`` seconds), and beside running tiers.
-    """
-    names = tier_tables(table_prefix)
-    own = OwnEngine(_sync_bind(bind), timeout=timeout, pool_size=1, what="datacenter tier")
-    try:
-        _create(own, names)
-    finally:
-        own.dispose()
-
-
-def _create(own: OwnEngine, names: TierTables) -> None:
-    # The creation lock is keyed by a table name: the state table's stands for both.
-    lock = TicketTable(None, 64, names.state)
-    for attempt in (1, 2, 3):
-        try:
-            with own.connect() as conn, own.backend.creating(conn, lock, own.timeout):
-                for statement in own.backend.tier_statements(names):
-                    conn.execute(statement)
-            break
-        except sa_exc.IntegrityError:
-            # PostgreSQL: a creator that does not take the creation lock (a migration) won
-            # the race on the catalog; the next attempt finds the tables.
-            if attempt == 3:
-                raise
-        except sa_exc.DBAPIError as error:
-            raise own.unavailable(error) from error
-    logger.info("datacenter tier tables %s, %s ready on %s", names.stock, names.state,
-                own.url.render_as_string())
 
 
 def _share_an_id(a: range, b: range) -> bool:
@@ -253,129 +204,14 @@ def _share_an_id(a: range, b: range) -> bool:
     return any(x in b for x in range(first, min(high, first + period - 1) + 1, a.step))
 
 
-# -- status ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TierStatus:
-    """One sequence of a datacenter tier, as :func:`describe_datacenter` reads it."""
-
-    sequence: str | None
-    bits: int
-    #: Ids in stock, and how many of them were given back.
-    stock: int
-    given_back_in_stock: int
-    #: Rows (ranges) in stock.
-    ranges: int
-    #: Ids taken, ever, by every process.
-    issued: int
-    given_back: int
-    refills: int
-    refilled: int
-    #: Ids per second taken by every process together (EWMA), and how old its last sample is.
-    rate: float
-    rate_age: float | None
-    #: Seconds the stock lasts at that rate with upstream down (``None``: no rate yet).
-    runway: float | None
-    #: Who is refilling, and in how many seconds the claim is void (negative: already void).
-    claim_owner: str | None
-    claim_expires_in: float | None
-    #: Seconds since a block was last stored (``None``: never).
-    last_refill_age: float | None
-    exhausted: bool
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def describe_datacenter(
-    bind: Bind, *, table_prefix: str = DEFAULT_TIER_PREFIX, timeout: float = 5.0
-) -> list[TierStatus]:
-    """Every sequence of the datacenter tier in ``bind``'s database: stock, rate, runway, claim.
-
-    Raises :class:`UnknownSequenceError` if the tier's tables are not there, and
-    :class:`DatabaseUnavailable` if the database does not answer.
-    """
-    own = OwnEngine(_sync_bind(bind), timeout=timeout, pool_size=1, what="datacenter tier")
-    try:
-        return _describe(own, tier_tables(table_prefix))
-    finally:
-        own.dispose()
-
-
-def _describe(own: OwnEngine, names: TierTables) -> list[TierStatus]:
-    stock_t, state_t = own.backend.tier_tables(names)
-    try:
-        with own.connect() as conn:
-            states = conn.execute(
-                sa.select(state_t, db_now_ms().label("now_ms")).order_by(
-                    state_t.c.sequence_name, state_t.c.bits
-                )
-            ).all()
-            ranges = conn.execute(
-                sa.select(
-                    stock_t.c.sequence_name, stock_t.c.bits, stock_t.c.kind,
-                    stock_t.c.first_id, stock_t.c.last_id, stock_t.c.step,
-                )
-            ).all()
-    except sa_exc.DBAPIError as error:
-        if _missing(own.backend, error):
-            raise UnknownSequenceError(
-                f"no datacenter tier tables ({names.stock}, {names.state}) on "
-                f"{own.url.render_as_string()}; create them with `sqlalchemy-tickets init` "
-                "or create_datacenter_tables()"
-            ) from error
-        raise own.unavailable(error) from error
-    counted: dict[tuple[str, int], list[int]] = {}
-    for r in ranges:
-        n = (int(r.last_id) - int(r.first_id)) // int(r.step) + 1
-        figures = counted.setdefault((r.sequence_name, int(r.bits)), [0, 0, 0])
-        figures[0] += n
-        figures[1] += n if r.kind == 0 else 0
-        figures[2] += 1
-    result = []
-    for s in states:
-        now = int(s.now_ms)
-        stock, back, rows = counted.get((s.sequence_name, int(s.bits)), [0, 0, 0])
-        rate = float(s.rate)
-        result.append(
-            TierStatus(
-                sequence=_sequence(s.sequence_name),
-                bits=int(s.bits),
-                stock=stock,
-                given_back_in_stock=back,
-                ranges=rows,
-                issued=int(s.issued),
-                given_back=int(s.given_back),
-                refills=int(s.refills),
-                refilled=int(s.refilled),
-                rate=rate,
-                rate_age=(now - int(s.rate_at)) / 1000 if s.rate_at else None,
-                runway=stock / rate if rate > 0 else None,
-                claim_owner=s.claim_owner or None,
-                claim_expires_in=(int(s.claim_until) - now) / 1000 if s.claim_owner else None,
-                last_refill_age=(now - int(s.refilled_at)) / 1000 if s.refilled_at else None,
-                exhausted=bool(s.exhausted),
-            )
-        )
-    return result
-
-
-# -- the tier ----------------------------------------------------------------------------------
-
-
 @dataclass(eq=False)
 class _Lane:
-    """One (sequence, bits) of this process: its refiller and counters (under ``lock``)."""
+    """One (sequence, bits) of this process: its counters and waiters (under ``lock``)."""
 
     sequence: str | None
     bits: int
     lock: threading.Lock = field(default_factory=threading.Lock)
     ready: bool = False  # its state row is known to exist
-    due: bool = False  # the refiller should look at the stock
-    refilling: bool = False
-    thread: threading.Thread | None = None
-    not_before: float = 0.0  # monotonic: no refill attempt before (back-off, another's claim)
     wanted: int = 0  # ids a caller asked for beyond the stock: the next refill brings them
     error: BaseException | None = None
     failures: int = 0
@@ -395,18 +231,38 @@ class _Lane:
     given_back: int = 0
     blocking_waits: int = 0
     rewinds: int = 0  # blocks upstream offered at or below what the tier stored from it
-    #: Notified for the refiller (due, closed), and for callers waiting on an empty stock
-    #: (a block stored, a range given back, a refill failed, closed).
-    changed: threading.Condition = field(init=False)
+    #: Notified for callers waiting on an empty stock (a block stored, a range given back, a
+    #: refill failed, closed).
     arrived: threading.Condition = field(init=False)
 
     def __post_init__(self) -> None:
-        self.changed = threading.Condition(self.lock)
         self.arrived = threading.Condition(self.lock)
 
     @property
     def name(self) -> str:
         return _name(self.sequence)
+
+    @property
+    def key(self) -> Key:
+        return self.name, self.bits
+
+    @property
+    def label(self) -> str:
+        return f"{self.sequence or 'Tickets'}/{self.bits}"
+
+
+@dataclass
+class _Refill:
+    """One lane's refill in progress, in a refill thread."""
+
+    lane: _Lane
+    size: int
+    got: int = 0
+    claimed_at: int = 0
+
+    @property
+    def left(self) -> int:
+        return self.size - self.got
 
 
 _tiers: weakref.WeakSet[DatacenterTier] = weakref.WeakSet()
@@ -420,7 +276,8 @@ class DatacenterTier:
         bind: the datacenter's database (URL or ``Engine``; PostgreSQL, MySQL/MariaDB or
             SQLite), reached on connections of the library's own, in autocommit.
         upstream: where the stock is refilled from: any source (typically the global pair,
-            :class:`~sqlalchemy_tickets.TicketServers`). Called only in background threads.
+            :class:`~sqlalchemy_tickets.TicketServers`). Called only in background threads
+            (and by :meth:`prepare`).
         supply: seconds of ids, at the rate every process together takes them, that the stock
             aims to hold: how long the datacenter keeps issuing with upstream down.
         timeout: seconds a round trip to ``bind`` may take, and that a caller waits for a
@@ -446,6 +303,8 @@ class DatacenterTier:
             A rewind of the tier's own database always discards its stock and refills.
         identity_interval: seconds between checks of the tier database's identity beyond
             those made in every take and on every new connection.
+        workers: refill threads, for every sequence together (a refill that waits on upstream
+            holds one; the others go on).
     """
 
     def __init__(
@@ -468,6 +327,7 @@ class DatacenterTier:
         pool_size: int = 5,
         on_rewind: RewindPolicy = "heal",
         identity_interval: float = 1.0,
+        workers: int = 3,
     ) -> None:
         self.on_rewind: RewindPolicy = _rewind.check_policy(on_rewind)
         self.identity_interval = check_seconds("identity_interval", identity_interval)
@@ -494,6 +354,8 @@ class DatacenterTier:
             0 < low_water <= 1
         ):
             raise TicketsError(f"low_water must be a share in (0, 1], not {low_water!r}")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise TicketsError(f"workers must be a positive integer, not {workers!r}")
         self.names = tier_tables(table_prefix)
         #: The tier's own engine and bounded round trip.
         self.own = OwnEngine(
@@ -517,9 +379,9 @@ class DatacenterTier:
         self.backoff = float(backoff)
         self.max_backoff = float(max_backoff)
         self.create_missing = create_missing
-        self._stock, self._state = self.backend.tier_tables(self.names)
-        self._stamps = self.backend.stamp_table()
-        self._guard_columns = self.backend.identity_columns(self.names.state)
+        self.workers = workers
+        self.sizing = Sizing(self.supply, self.window, min_block, max_block)
+        self.store = TierStore(self.backend, self.names)
         self._reset_state()
         # A new connection may reach another database (a failover behind the same name).
         sa.event.listen(self.own.engine, "connect", self._connected)
@@ -533,7 +395,7 @@ class DatacenterTier:
         self._closed = threading.Event()
         #: Who this process is in a claim row: host, pid, and a token (pids are reused).
         self.owner = f"{socket.gethostname()[:32]}:{os.getpid()}:{secrets.token_hex(6)}"[-64:]
-        # The tier database's identity as last checked, what ``identity_columns`` read then,
+        # The tier database's identity as last checked, what its guard columns read then,
         # when (monotonic) and on which connection epoch.
         self._identity: Identity | None = None
         self._guard: tuple[Any, ...] | None = None
@@ -541,10 +403,14 @@ class DatacenterTier:
         self._epoch = 0
         self._checked_epoch = -1
         self._rewinds = 0  # times this process found the tier's own database rewound
-        self._created = False  # _create ran in this process
+        self._created = False  # the tables were made (or upgraded) in this process
+        self._refiller: Refiller[_Lane] = Refiller(
+            self._refill, name="tickets-dc-refill", workers=self.workers, batch=REFILL_BATCH
+        )
 
     def _connected(self, dbapi_connection: Any, record: Any) -> None:
         self._epoch += 1
+
     def __repr__(self) -> str:
         return f"DatacenterTier({self.url.render_as_string()!r}, upstream={self.upstream!r})"
 
@@ -555,8 +421,8 @@ class DatacenterTier:
         return self.next_block(sequence, 1, bits=bits).start
 
     def next_block(self, sequence: str | None, count: int, *, bits: int = 64) -> range:
-        """Up to ``count`` ids from the stock (the first range in stock may hold fewer; never
-        none), in one transaction on the datacenter's database. Never waits on upstream while
+        """Up to ``count`` ids from the stock (the range being handed out may hold fewer; never
+        none), in one statement on the datacenter's database. Never waits on upstream while
         the stock holds ids; on an empty stock, waits up to ``timeout`` for a refill, then
         raises :class:`TicketServerUnavailable` (:class:`ExhaustedError` if upstream has no
         ids left)."""
@@ -585,8 +451,6 @@ class DatacenterTier:
                     deadline = now + self.timeout
                     lane.blocking_waits += 1
                     lane.wanted = max(lane.wanted, count)
-                    # A caller waits: the next attempt comes soon, whatever the back-off.
-                    lane.not_before = min(lane.not_before, now + self.backoff)
                 error = lane.error
             if now >= deadline or self._closed.is_set():
                 if isinstance(error, RewindError):
@@ -594,11 +458,12 @@ class DatacenterTier:
                 reason = f": {error}" if error is not None else ""
                 state = " (the tier is closed)" if self._closed.is_set() else ""
                 raise TicketServerUnavailable(
-                    f"no ids for {lane.sequence or 'Tickets'}/{lane.bits} within "
-                    f"{self.timeout:g} s: the datacenter tier's stock is empty{state} and no "
-                    f"refill from {self.upstream!r} arrived{reason}"
+                    f"no ids for {lane.label} within {self.timeout:g} s: the datacenter "
+                    f"tier's stock is empty{state} and no refill from {self.upstream!r} "
+                    f"arrived{reason}"
                 )
-            self._wake(lane)
+            # A caller waits: the next attempt comes soon, whatever the back-off.
+            self._refiller.hurry(lane, self.backoff)
             # Woken by a block this process stored, or after a short poll for one stored by
             # another process: a plain read, which neither locks the state row nor takes a
             # write lock, so waiting callers do not hold up the refill they wait for.
@@ -612,73 +477,187 @@ class DatacenterTier:
                 arrived = lane.stored != stored
             look = arrived or self._peek(lane)
 
+    def next_blocks(self, requests: Sequence[Request]) -> list[range | TicketsError]:
+        """:meth:`next_block` for each ``(sequence, count, bits)``, in one transaction for all
+        the sequences whose stock holds ids (a cache refilling many lanes at once); those
+        whose stock is empty wait for a refill as :meth:`next_block` does."""
+        out: list[range | TicketsError | None] = [None] * len(requests)
+        for i, (sequence, count, bits) in enumerate(requests):
+            try:
+                check_count(count, self._lane(sequence, bits).bits)
+            except TicketsError as error:
+                out[i] = error
+        wanted = [(i, self._lane(s, b), c) for i, (s, c, b) in enumerate(requests)
+                  if out[i] is None]
+        if wanted:
+            found: list[range | None] | list[TicketsError]
+            try:
+                found = self._transaction(
+                    [lane for _, lane, _ in wanted],
+                    lambda conn: self._take_many(conn, [(lane, c) for _, lane, c in wanted]),
+                )
+            except TicketsError as error:
+                found = [error] * len(wanted)
+            for (i, _, _), block in zip(wanted, found, strict=True):
+                out[i] = block
+        result: list[range | TicketsError] = []
+        for i, (sequence, count, bits) in enumerate(requests):
+            got = out[i]
+            if got is None:  # an empty stock: wait for its refill
+                try:
+                    got = self.next_block(sequence, count, bits=bits)
+                except TicketsError as error:
+                    got = error
+            result.append(got)
+        return result
+
+    def prepare(self, sequences: Iterable[str | None], *, bits: int = 64) -> None:
+        """Get ``sequences`` ready: the tier's tables and their state rows made (one
+        transaction), upstream prepared (its tables made, first contact), and every stock
+        under its low-water mark refilled — a few sequences per round trip — before this
+        returns, so that their first takes find ids.
+
+        Raises the first :class:`TicketsError` a refill met."""
+        check_bits(bits)
+        lanes = list({id(lane): lane for lane in (
+            self._lane(sequence, bits) for sequence in sequences)}.values())
+        if not lanes:
+            return
+        self._transaction(lanes, lambda conn: None)  # tables, state rows, identity
+        prepare_in(self.upstream, [lane.sequence for lane in lanes], bits)
+        for lane in lanes:
+            self._refiller.wake(lane, runway=0.0)
+        deadline = self.timeout + 2 * self.timeout * math.ceil(len(lanes) / REFILL_BATCH)
+        self._refiller.wait_idle(deadline, lanes)
+        for lane in lanes:
+            with lane.lock:
+                error = lane.error
+            if isinstance(error, TicketsError):
+                raise error
+
     def give_back(self, sequence: str | None, ids: range, *, bits: int = 64) -> int:
         """Take back ``ids``, a range this tier issued that nobody used; returns how many were
         taken back (0 if any of them is already in stock: a range given back twice). Ids given
         back go out again before ids never issued."""
+        return self.give_back_many([(sequence, ids, bits)])[0]
+
+    def give_back_many(self, items: Sequence[tuple[str | None, range, int]]) -> list[int]:
+        """:meth:`give_back` of each ``(sequence, ids, bits)``, in one transaction (a cache
+        closing with thousands of lanes)."""
+        lanes: list[_Lane] = []
+        for sequence, ids, bits in items:
+            lane = self._lane(sequence, bits)
+            if not isinstance(ids, range):
+                raise TicketsError(f"give_back takes a range of ids, not {type(ids).__name__}")
+            check_ids(ids, lane.bits)
+            lanes.append(lane)
+        wanted = [(lane, ids) for lane, (_, ids, _) in zip(lanes, items, strict=True) if ids]
+        if not wanted:
+            return [0] * len(items)
+        taken_by: dict[int, int] = {}
+
+        def work(conn: sa.Connection) -> None:
+            taken_by.clear()
+            states = self.store.lock(conn, [lane.key for lane, _ in wanted])
+            if len(states) < len({lane.key for lane, _ in wanted}):
+                raise _NoState
+            queued = self.store.queued(conn, list(states))
+            add: list[Queued] = []
+            for n, (lane, ids) in enumerate(wanted):
+                state = states[lane.key]
+                held = [state.head, *(q.ids for q in queued[lane.key]), *(
+                    q.ids for q in add if q.key == lane.key)]
+                # Ranges of an odd/even pair interleave: rows spanning the same interval may
+                # still share no id, so the ids themselves are compared.
+                if any(b and _share_an_id(ids, b) for b in held):
+                    continue
+                head, rest = headable(ids)
+                if not state.head or state.head_kind == 1:
+                    if state.head:  # ids never issued wait behind ids given back
+                        add.append(Queued(lane.key, 1, state.head))
+                    state.set_head(head, 0)
+                    if rest:
+                        add.append(Queued(lane.key, 0, rest))
+                else:
+                    add.append(Queued(lane.key, 0, ids))
+                state.stock += len(ids)
+                state.given_back += len(ids)
+                taken_by[n] = len(ids)
+            self.store.write(conn, states.values())
+            self.store.add(conn, add)
+
+        self._transaction([lane for lane, _ in wanted], work)
+        for n, (lane, ids) in enumerate(wanted):
+            taken = taken_by.get(n, 0)
+            if taken == 0:
+                logger.warning("%s: %r (%s) overlaps ids in stock: not taken back",
+                               self, ids, lane.label)
+            with lane.lock:
+                lane.given_back += taken
+                lane.stored += 1
+                lane.arrived.notify_all()
+        out: list[int] = []
+        n = 0
+        for _, ids, _ in items:
+            if ids:
+                out.append(taken_by.get(n, 0))
+                n += 1
+            else:
+                out.append(0)
+        return out
+
+    def ensure_above(self, sequence: str | None, floor: int, *, bits: int = 64) -> bool:
+        """Make every id issued from now on be above ``floor`` (ids known to be in use): the
+        ranges in stock at or below it are dropped, upstream is told too, and blocks it offers
+        at or below are refused. Returns whether anything was dropped or moved."""
         lane = self._lane(sequence, bits)
-        if not isinstance(ids, range):
-            raise TicketsError(f"give_back takes a range of ids, not {type(ids).__name__}")
-        if len(ids) == 0:
-            return 0
-        if ids.step < 1 or ids.start < 1 or ids[-1] > max_id(lane.bits):
-            raise TicketsError(
-                f"cannot give back {ids!r}: ids of a {lane.bits}-bit sequence are increasing "
-                f"ranges within 1..{max_id(lane.bits)}"
-            )
-        last = ids[-1]
-        state, stock = self._state, self._stock
+        if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
+            raise TicketsError(f"a floor is a number of ids >= 0, not {floor!r}")
+        with lane.lock:
+            lane.floor = max(lane.floor, floor)
 
         def work(conn: sa.Connection) -> int:
-            row = conn.execute(
-                sa.select(state.c.stock).where(*self._state_key(lane)).with_for_update()
-            ).one_or_none()
-            if row is None:
+            state = self.store.lock(conn, [lane.key]).get(lane.key)
+            if state is None:
                 raise _NoState
-            # Ranges of an odd/even pair interleave: rows spanning the same interval may
-            # still share no id, so the ids themselves are compared.
-            near = conn.execute(
-                sa.select(stock.c.first_id, stock.c.last_id, stock.c.step).where(
-                    *self._stock_key(lane), stock.c.first_id <= last, stock.c.last_id >= ids.start
-                )
-            ).all()
-            if any(
-                _share_an_id(ids, range(int(r.first_id), int(r.last_id) + 1, int(r.step)))
-                for r in near
-            ):
-                return 0
-            conn.execute(
-                sa.insert(stock).values(
-                    sequence_name=lane.name, bits=lane.bits, kind=0,
-                    first_id=ids.start, last_id=last, step=ids.step,
-                )
-            )
-            conn.execute(
-                sa.update(state).where(*self._state_key(lane)).values(
-                    stock=state.c.stock + len(ids), given_back=state.c.given_back + len(ids)
-                )
-            )
-            return len(ids)
+            dropped = 0
+            head = above(state.head, floor)
+            if len(head) != len(state.head):
+                dropped += len(state.head) - len(head)
+                state.set_head(head, state.head_kind)
+            gone, kept = [], []
+            for q in self.store.queued(conn, [lane.key], upto=floor)[lane.key]:
+                cut = above(q.ids, floor)
+                dropped += len(q.ids) - len(cut)
+                gone.append(q)
+                if cut:
+                    kept.append(Queued(q.key, q.kind, cut))
+            if dropped:
+                state.stock -= dropped
+                self.store.remove(conn, gone)
+                self.store.add(conn, kept)
+                self.store.write(conn, [state])
+            return dropped
 
-        taken: int = self._transaction(lane, work)
-        if taken == 0:
-            logger.warning("%s: %r (%s/%d) overlaps ids in stock: not taken back",
-                           self, ids, lane.sequence, lane.bits)
-        with lane.lock:
-            lane.given_back += taken
-            lane.stored += 1
-            lane.arrived.notify_all()
-        return taken
+        dropped: int = self._transaction([lane], work)
+        if dropped:
+            with lane.lock:
+                lane.burned += dropped
+            logger.warning("%s dropped %d ids of %s at or below %d from its stock: they are "
+                           "in use", self, dropped, lane.label, floor)
+        moved = ensure_above_in(self.upstream, lane.sequence, floor, lane.bits)
+        return bool(dropped) or moved
 
     # -- management ---------------------------------------------------------------------------
 
     def create_tables(self) -> None:
-        """Create the tier's tables in its database if they are not there."""
-        _create(self.own, self.names)
+        """Create the tier's tables in its database if they are not there (and add the columns
+        an older release's tables lack)."""
+        create_tables(self.own, self.names)
 
     def describe(self) -> list[TierStatus]:
         """Every sequence in this tier's database: stock, shared rate, runway, claim."""
-        return _describe(self.own, self.names)
+        return describe(self.own, self.names)
 
     def stats(self) -> dict[str, Any]:
         """This process's counters, in total and per sequence (keyed ``name/bits``)."""
@@ -691,27 +670,20 @@ class DatacenterTier:
             with lane.lock:
                 figures: dict[str, Any] = {key: getattr(lane, key) for key in keys}
                 figures["error"] = None if lane.error is None else str(lane.error)
-            per[f"{lane.sequence or 'Tickets'}/{lane.bits}"] = figures
+            per[lane.label] = figures
         total: dict[str, Any] = {key: sum(p[key] for p in per.values()) for key in keys}
         total["rewinds"] += self._rewinds
         # Rewinds upstream healed itself are counted there: one figure for the whole path.
         beneath = getattr(self.upstream, "stats", None)
         found = beneath().get("rewinds", 0) if callable(beneath) else 0
         total["rewinds"] += found if isinstance(found, int) else 0
+        total["threads"] = self._refiller.threads()
         total["sequences"] = per
         return total
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no refill of this process is running or due (for tests and shutdowns)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for lane in self._distinct_lanes():
-            with lane.lock:
-                while lane.due or lane.refilling:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        return False
-                    lane.changed.wait(left if left is not None else _POLL)
-        return True
+        return self._refiller.wait_idle(timeout)
 
     def close(self) -> None:
         """Stop refilling (a block on its way is stored first, within twice ``timeout``; claims
@@ -721,22 +693,15 @@ class DatacenterTier:
         if self._closed.is_set():
             return
         self._closed.set()
-        threads = []
         for lane in self._distinct_lanes():
             with lane.lock:
-                lane.changed.notify_all()
                 lane.arrived.notify_all()
-                if lane.thread is not None:
-                    threads.append(lane.thread)
         # A block on its way lands and is stored within about one round trip each way. A
         # refill hung on upstream is left behind rather than hold the exit back: at worst its
         # block is burned, and its claim runs out by itself after claim_timeout.
-        deadline = time.monotonic() + 2 * self.timeout
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-            if thread.is_alive():
-                logger.warning("%s: a refill still waits on upstream after close(); its "
-                               "claim runs out within %g s", self, self.claim_timeout)
+        if not self._refiller.close(2 * self.timeout):
+            logger.warning("%s: a refill still waits on upstream after close(); its claim runs "
+                           "out within %g s", self, self.claim_timeout)
         self.own.dispose()
         with _tiers_lock:
             _tiers.discard(self)
@@ -770,15 +735,10 @@ class DatacenterTier:
                 self._lanes[sequence, bits] = lane
         return lane
 
-    def _state_key(self, lane: _Lane) -> list[sa.ColumnElement[bool]]:
-        return [self._state.c.sequence_name == lane.name, self._state.c.bits == lane.bits]
-
-    def _stock_key(self, lane: _Lane) -> list[sa.ColumnElement[bool]]:
-        return [self._stock.c.sequence_name == lane.name, self._stock.c.bits == lane.bits]
-
     @contextmanager
-    def _unit(self) -> Iterator[sa.Connection]:
-        """One bounded transaction on the tier's database; its errors in the library's terms."""
+    def _unit(self, *, transaction: bool = True) -> Iterator[sa.Connection]:
+        """One bounded unit of work on the tier's database (a transaction, or one autocommit
+        statement); its errors in the library's terms."""
         queued = self.backend.queue_local_writers
         if queued and not self._writing.acquire(timeout=self.timeout):
             raise TicketServerUnavailable(
@@ -786,10 +746,14 @@ class DatacenterTier:
                 f"{self.timeout:g} s"
             )
         try:
-            with self.own.connect() as conn, self.backend.transaction(conn, self.timeout):
-                yield conn
+            with self.own.connect() as conn:
+                if transaction:
+                    with self.backend.transaction(conn, self.timeout):
+                        yield conn
+                else:
+                    yield conn
         except sa_exc.DBAPIError as error:
-            if _missing(self.backend, error):
+            if missing_table(self.backend, error):
                 raise _MissingTables from error
             if isinstance(error, sa_exc.IntegrityError):
                 raise
@@ -798,42 +762,51 @@ class DatacenterTier:
             if queued:
                 self._writing.release()
 
-    def _transaction(self, lane: _Lane, work: Any) -> Any:
-        """``work(conn)`` in one transaction, creating the tables and the sequence's state row
-        first if they are missing."""
+    def _transaction(
+        self,
+        lanes: Sequence[_Lane],
+        work: Callable[[sa.Connection], _T],
+        *,
+        transaction: bool = True,
+    ) -> _T:
+        """``work(conn)`` in one unit, creating the tables and the sequences' state rows first
+        if they are missing, and checking the tier database's identity when it is due."""
         for _ in range(3):
-            if not lane.ready:
-                self._ensure(lane)
+            missing = [lane for lane in lanes if not lane.ready]
+            if missing:
+                self._ensure(missing)
             if self._checked_epoch != self._epoch or (
                 time.monotonic() - self._checked >= self.identity_interval
             ):
                 self._verify_identity()
             try:
-                with self._unit() as conn:
+                with self._unit(transaction=transaction) as conn:
                     return work(conn)
             except (_MissingTables, _NoState):
-                lane.ready = False
+                for lane in lanes:
+                    lane.ready = False
             except _Moved:
                 self._checked_epoch = -1  # checked (and its stock discarded) before the next
         raise TicketServerUnavailable(
-            f"{self}: the tables of {lane.sequence or 'Tickets'}/{lane.bits} went away under "
-            "every attempt to use them; try again"
+            f"{self}: the tables of {', '.join(lane.label for lane in lanes[:3])} went away "
+            "under every attempt to use them; try again"
         )
 
-    def _ensure(self, lane: _Lane) -> None:
-        """The sequence's state row (and the tables) exist: made on first use, race-free."""
+    def _ensure(self, lanes: Sequence[_Lane]) -> None:
+        """The sequences' state rows (and the tables) exist: made on first use, race-free."""
         if self.create_missing and not self._created:
-            # Once per process, even where the tier's tables exist: its stamp table may not
-            # (tables made by an older release, or by a migration).
-            _create(self.own, self.names)
+            # Once per process, even where the tier's tables exist: its stamp table, or the
+            # columns of a newer release, may not (tables made by an older release, or by a
+            # migration).
+            create_tables(self.own, self.names)
             self._created = True
-        row = {"sequence_name": lane.name, "bits": lane.bits}
-        seed = self.backend.insert_seed(self._state, row)
+        keys = [lane.key for lane in lanes]
         for attempt in (1, 2):
             try:
                 with self._unit() as conn:
-                    conn.execute(seed)
-                lane.ready = True
+                    self.store.seed(conn, keys)
+                for lane in lanes:
+                    lane.ready = True
                 return
             except _MissingTables:
                 if attempt == 2:
@@ -846,101 +819,147 @@ class DatacenterTier:
                     f"{self.url.render_as_string()}; create them with `sqlalchemy-tickets init` "
                     "or create_datacenter_tables()"
                 )
-            _create(self.own, self.names)
+            create_tables(self.own, self.names)
 
     # -- internals: taking ids ---------------------------------------------------------------
 
     def _take(self, lane: _Lane, count: int) -> tuple[range | None, bool]:
-        """Up to ``count`` ids from the stock in one transaction: the block (``None``: the
-        stock is empty) and whether upstream said the sequence is exhausted."""
-        state, stock = self._state, self._stock
-        outcome: dict[str, Any] = {}
+        """Up to ``count`` ids from the stock: the block (``None``: the stock is empty) and
+        whether upstream said the sequence is exhausted."""
+        for _ in range(_TAKE_ATTEMPTS):
+            guard = self._guard
+            taken = self._transaction(
+                [lane], functools.partial(self._take_one, lane.key, count, guard),
+                transaction=False,
+            )
+            if taken is None:
+                # Why not: a new head to make from the stock, a moved database, or none left.
+                taken, again, exhausted = self._transaction(
+                    [lane], lambda conn: self._next_head(conn, lane, count)
+                )
+                if taken is None:
+                    if again:
+                        continue
+                    with lane.lock:
+                        lane.round_trips += 1
+                    self._look_after(lane, None)
+                    return None, exhausted
+            with lane.lock:
+                lane.round_trips += 1
+                lane.issued += len(taken.block)
+            self._look_after(lane, taken)
+            return taken.block, False
+        raise TicketServerUnavailable(
+            f"{self}: the stock of {lane.label} changed under every one of {_TAKE_ATTEMPTS} "
+            "takes; try again"
+        )
 
-        def work(conn: sa.Connection) -> range | None:
-            row = conn.execute(
-                sa.select(
-                    *self._guard_columns,
-                    state.c.stock, state.c.issued, state.c.rate, state.c.rate_at,
-                    state.c.rate_count, state.c.exhausted, db_now_ms(),
-                ).where(*self._state_key(lane)).with_for_update()
-            ).one_or_none()
-            if row is None:
-                raise _NoState
-            if self._guard is not None and tuple(row[: len(self._guard)]) != self._guard:
-                raise _Moved  # restored or failed over since the last check: nothing taken
-            outcome["exhausted"] = bool(row.exhausted)
-            outcome["rate"] = float(row.rate)
-            outcome["stock"] = int(row.stock)
-            if row.stock <= 0:
-                return None
-            head = conn.execute(
-                sa.select(stock.c.kind, stock.c.first_id, stock.c.last_id, stock.c.step)
-                .where(*self._stock_key(lane))
-                .order_by(stock.c.kind, stock.c.first_id)
-                .limit(1)
-                .with_for_update()
-            ).one_or_none()
-            if head is None:
+    def _take_one(
+        self, key: Key, count: int, guard: tuple[Any, ...] | None, conn: sa.Connection
+    ) -> Taken | None:
+        return self.store.take(conn, key, count, guard)
+
+    def _next_head(
+        self, conn: sa.Connection, lane: _Lane, count: int
+    ) -> tuple[Taken | None, bool, bool]:
+        """The take found no ids in the head (in a transaction): make the next queued range
+        the head. Returns ``(ids taken here, take again, exhausted)``."""
+        state = self.store.lock(conn, [lane.key]).get(lane.key)
+        if state is None:
+            raise _NoState
+        if self._guard is not None and state.guard != self._guard:
+            raise _Moved  # restored or failed over since the last check: nothing taken
+        if state.head:
+            return None, True, False  # another process made one already
+        nxt = self.store.first_queued(conn, lane.key)
+        if nxt is None:
+            if state.stock != 0:
                 # The count disagrees with the rows (tables edited by hand): the rows win.
-                conn.execute(sa.update(state).where(*self._state_key(lane)).values(stock=0))
-                outcome["stock"] = 0
-                return None
-            first, last, step = int(head.first_id), int(head.last_id), int(head.step)
-            n = min(count, (last - first) // step + 1)
-            where = [*self._stock_key(lane), stock.c.kind == head.kind, stock.c.first_id == first]
-            if first + (n - 1) * step >= last:
-                conn.execute(sa.delete(stock).where(*where))
-            else:
-                conn.execute(sa.update(stock).where(*where).values(first_id=first + n * step))
-            issued = int(row.issued) + n
-            values: dict[str, Any] = {"stock": state.c.stock - n, "issued": issued}
-            values.update(self._sample(row, issued))
-            conn.execute(sa.update(state).where(*self._state_key(lane)).values(**values))
-            outcome["stock"] -= n
-            outcome["rate"] = float(values.get("rate", row.rate))
-            return range(first, first + n * step, step)
+                state.stock = 0
+                self.store.write(conn, [state])
+            return None, False, bool(state.exhausted)
+        self.store.remove(conn, [nxt])
+        head, rest = headable(nxt.ids)
+        taken = None
+        if head:
+            state.set_head(head, nxt.kind)
+        else:
+            # The last ids of the 64-bit space: handed out from here, never from a head.
+            block, rest = rest[:count], rest[count:]
+            state.stock -= len(block)
+            state.issued += len(block)
+            taken = Taken(block, state.stock, state.rate, state.rate_at, False, state.now)
+        if rest:
+            self.store.add(conn, [Queued(lane.key, nxt.kind, rest)])
+        self.store.write(conn, [state])
+        return taken, taken is None, False
 
-        block: range | None = self._transaction(lane, work)
-        with lane.lock:
-            lane.round_trips += 1
-            if block is not None:
+    def _take_many(
+        self, conn: sa.Connection, wanted: list[tuple[_Lane, int]]
+    ) -> list[range | None]:
+        """A block from the stock of each lane, in one transaction (``None``: empty)."""
+        states = self.store.lock(conn, {lane.key for lane, _ in wanted})
+        if len(states) < len({lane.key for lane, _ in wanted}):
+            raise _NoState
+        for state in states.values():
+            if self._guard is not None and state.guard != self._guard:
+                raise _Moved
+        empty = [key for key, state in states.items() if not state.head and state.stock > 0]
+        firsts = {key: self.store.first_queued(conn, key) for key in empty}
+        gone: list[Queued] = []
+        add: list[Queued] = []
+        out: list[range | None] = []
+        for lane, count in wanted:
+            state = states[lane.key]
+            if not state.head:
+                nxt = firsts.pop(lane.key, None)
+                if nxt is not None:
+                    gone.append(nxt)
+                    head, rest = headable(nxt.ids)
+                    if head:
+                        state.set_head(head, nxt.kind)
+                    if rest:
+                        add.append(Queued(lane.key, nxt.kind, rest))
+                    if not head:  # the last ids of the space: next time, from the stock
+                        out.append(None)
+                        continue
+            block = state.head[:count]
+            state.set_head(state.head[len(block):], state.head_kind)
+            state.stock -= len(block)
+            state.issued += len(block)
+            out.append(block or None)
+            with lane.lock:
+                lane.round_trips += 1
                 lane.issued += len(block)
-        if not self._closed.is_set():
-            target = self._target(outcome["rate"], lane.bits)
-            if outcome["stock"] < max(1, int(target * self.low_water)):
-                self._wake(lane)
-        return block, block is None and outcome["exhausted"]
+        self.store.remove(conn, gone)
+        self.store.add(conn, add)
+        self.store.write(conn, states.values())
+        for lane, _ in wanted:
+            state = states[lane.key]
+            self._look_after(lane, Taken(range(0), state.stock, state.rate, state.rate_at,
+                                         bool(state.exhausted), state.now))
+        return out
+
+    def _look_after(self, lane: _Lane, taken: Taken | None) -> None:
+        """After a take: have the refill threads look at the stock when it is low, or when the
+        shared rate is due a sample."""
+        if self._closed.is_set():
+            return
+        if taken is None:
+            self._refiller.wake(lane, runway=0.0)
+            return
+        low = max(1, int(self._target(taken.rate, lane.bits) * self.low_water))
+        if taken.stock < low or taken.now - taken.rate_at >= RATE_INTERVAL_MS:
+            self._refiller.wake(lane, runway=runway(taken.stock, taken.rate))
 
     def _peek(self, lane: _Lane) -> bool:
         """Whether the stock holds ids (or upstream is exhausted), by a plain read."""
-        state = self._state
         try:
             with self.own.connect() as conn:
-                row = conn.execute(
-                    sa.select(state.c.stock, state.c.exhausted).where(*self._state_key(lane))
-                ).one_or_none()
+                row = self.store.look(conn, lane.key)
         except (sa_exc.DBAPIError, DatabaseUnavailable):
             return True  # the take says what is wrong
         return row is None or row.stock > 0 or bool(row.exhausted)
-
-    def _sample(self, row: Any, issued: int) -> dict[str, Any]:
-        """The shared rate's new sample, if one is due (by the database clock)."""
-        now = int(row[-1])
-        rate_at = int(row.rate_at)
-        if rate_at <= 0 or now < rate_at:
-            # The first sample, or the database's clock went back: start measuring again.
-            return {"rate_at": now, "rate_count": int(row.issued)}
-        elapsed_ms = now - rate_at
-        if elapsed_ms < RATE_INTERVAL_MS:
-            return {}
-        elapsed = elapsed_ms / 1000
-        measured = (issued - int(row.rate_count)) / elapsed
-        rate = float(row.rate)
-        if measured > rate:
-            rate = measured  # rise at once on a spike...
-        else:  # ...and forget it slowly.
-            rate += (measured - rate) * (1 - math.exp(-elapsed / self.window))
-        return {"rate": rate, "rate_at": now, "rate_count": issued}
 
     def _budget(self, bits: int) -> int:
         budget = self.waste_budget
@@ -952,296 +971,352 @@ class DatacenterTier:
 
     def _target(self, rate: float, bits: int) -> int:
         """The stock aimed at: ``supply`` seconds at the shared rate, within the bounds."""
-        return min(self._budget(bits), max(self.min_block, math.ceil(rate * self.supply)))
+        return max(self.min_block, min(self._budget(bits), math.ceil(rate * self.supply)))
 
-    # -- internals: refilling ----------------------------------------------------------------
+    def _sample(self, state: State) -> None:
+        """Take a sample of the shared rate into ``state`` (locked), if one is due."""
+        now = state.now
+        if state.rate_at <= 0 or now < state.rate_at:
+            # The first sample, or the database's clock went back: start measuring again.
+            state.rate_at, state.rate_count = now, state.issued
+            return
+        elapsed_ms = now - state.rate_at
+        if elapsed_ms < RATE_INTERVAL_MS:
+            return
+        elapsed = elapsed_ms / 1000
+        measured = (state.issued - state.rate_count) / elapsed
+        state.rate = next_rate(state.rate, measured, elapsed, self.window)
+        state.rate_at, state.rate_count = now, state.issued
 
-    def _wake(self, lane: _Lane, *, after: float | None = None) -> None:
-        """Have the refiller look at the stock (``after``: not before that many seconds)."""
+    # -- internals: refilling (in the refill threads) -----------------------------------------
+
+    def _refill(self, lanes: list[_Lane]) -> None:
+        """Claim, bring blocks from upstream, store them, release — for several sequences at
+        once. Lanes that failed last time go alone, so that one stalled sequence does not hold
+        back the others."""
         if self._closed.is_set():
             return
-        with lane.lock:
-            lane.due = True
-            if after is not None:
-                lane.not_before = time.monotonic() + after
-            lane.changed.notify_all()
-            if lane.thread is None:
-                lane.thread = threading.Thread(
-                    target=self._refiller, args=(lane,), daemon=True,
-                    name=f"tickets-dc-refill-{lane.sequence or 'Tickets'}-{lane.bits}",
-                )
-                lane.thread.start()
-
-    def _refiller(self, lane: _Lane) -> None:
-        """The background refills of one sequence, for as long as the tier is open."""
-        while True:
-            with lane.lock:
-                while True:
-                    if self._closed.is_set():
-                        return
-                    delay = lane.not_before - time.monotonic()
-                    if lane.due and delay <= 0:
-                        break
-                    lane.changed.wait(delay if lane.due else None)
-                lane.due = False
-                lane.refilling = True
+        together = [lane for lane in lanes if lane.failures == 0]
+        for group in ([together] if together else []) + [[lane] for lane in lanes
+                                                         if lane.failures]:
             try:
-                self._refill(lane)
+                self._refill_group(group)
             except Exception:  # a bug must not end refills for good
-                logger.exception("%s: refill of %s/%d failed", self, lane.sequence, lane.bits)
-                self._wake(lane, after=self.max_backoff)
-            finally:
-                with lane.lock:
-                    lane.refilling = False
-                    lane.changed.notify_all()
+                logger.exception("%s: refill of %s failed", self,
+                                 ", ".join(lane.label for lane in group))
+                for lane in group:
+                    self._refiller.defer(lane, self.max_backoff)
 
-    def _refill(self, lane: _Lane) -> None:
-        """Claim, bring blocks from upstream, store them, release. Sets when to look again."""
-        claimed = self._claim(lane)
-        if claimed is None:
-            return  # nothing to do: the stock is high enough
-        size, busy_for = claimed
-        with lane.lock:
-            claimed_at = lane.claimed_at
-        if size == 0:
-            # Another process holds a live claim: look again once it is void, if still low.
-            self._wake(lane, after=max(busy_for, self.backoff))
+    def _refill_group(self, lanes: list[_Lane]) -> None:
+        claimed = self._claim(lanes)
+        if not claimed:
             return
-        got = 0
         try:
-            if not lane.told:
-                # A fresh process over a restored upstream server: the marks are the floor it
-                # heals above (it knows none of its own yet).
-                high = self._highest_mark(lane)
-                if high:
-                    ensure_above_in(self.upstream, lane.sequence, high, lane.bits)
-                lane.told = True
-            while got < size and not self._closed.is_set():
-                ask = min(size - got, self.max_block)
-                try:
-                    block = self.upstream.next_block(lane.sequence, ask, bits=lane.bits)
-                except ExhaustedError as error:
-                    remaining = error.remaining
-                    if remaining and remaining < ask:
-                        size = got + remaining  # the sequence's last ids, exactly
-                        continue
-                    if got == 0:
-                        self._mark_exhausted(lane)
-                    self._failed(lane, error, final=True)
-                    return
-                with lane.lock:
-                    lane.upstream_round_trips += 1
-                if len(block) == 0:
-                    raise TicketsError(f"{self.upstream!r} returned an empty block")
-                try:
-                    held = self._store(lane, block, claimed_at)
-                except _UpstreamRewound as rewound:
-                    self._upstream_rewound(lane, block, rewound.high)
+            self._tell_marks([r.lane for r in claimed if not r.lane.told])
+            done = self._bring(claimed)
+        finally:
+            self._release([r.lane for r in claimed])
+        for lane in done:
+            with lane.lock:
+                lane.wanted = 0
+                if lane.failures:
+                    logger.info("%s: refills of %s work again", self, lane.label)
+                lane.failures = 0
+                lane.error = None
+            # Look once more: the rate may have grown, or blocks came short.
+            self._refiller.wake(lane)
+
+    def _claim(self, lanes: list[_Lane]) -> list[_Refill]:
+        """Claim the refills of the lanes whose stock is low and that nobody else refills
+        (sampling the shared rate on the way); the claimed, with how many ids to bring.
+        Lanes another process refills are looked at again once its claim is void."""
+        wanted = {lane.key: lane.wanted for lane in lanes}
+        busy: list[tuple[_Lane, float]] = []
+
+        def work(conn: sa.Connection) -> list[_Refill]:
+            busy.clear()
+            states = self.store.lock(conn, wanted)
+            if len(states) < len(wanted):
+                raise _NoState
+            claimed: list[_Refill] = []
+            for lane in lanes:
+                state = states[lane.key]
+                self._sample(state)
+                stock, now = state.stock, state.now
+                target = self._target(state.rate, lane.bits)
+                low = max(1, int(target * self.low_water))
+                need = wanted[lane.key]
+                if stock >= low and stock >= need:
                     continue
-                got += len(block)
-                if not held:
+                owner, until = state.claim_owner, state.claim_until
+                if owner and owner != self.owner and until > now:
+                    busy.append((lane, (until - now) / 1000))
+                    continue
+                if owner and owner != self.owner:
+                    logger.warning("%s: taking over the refill claim of %s from %s (void for "
+                                   "%.1f s)", self, lane.label, owner, (now - until) / 1000)
+                size = max(target - stock, need - stock, self.min_block)
+                size = min(size, self._budget(lane.bits) - stock)
+                if size < 1:
+                    continue
+                state.claim_owner = self.owner
+                state.claim_until = now + int(self.claim_timeout * 1000)
+                claimed.append(_Refill(lane, size, claimed_at=now))
+            self.store.write(conn, states.values())
+            return claimed
+
+        try:
+            claimed: list[_Refill] = self._transaction(lanes, work)
+        except DatabaseUnavailable as error:
+            for lane in lanes:
+                self._failed(lane, error, final=False)
+            return []
+        for lane, busy_for in busy:
+            # Another process holds a live claim: look again once it is void, if still low.
+            self._refiller.defer(lane, max(busy_for, self.backoff))
+        for refill in claimed:
+            with refill.lane.lock:
+                refill.lane.claims += 1
+                refill.lane.claimed_at = refill.claimed_at
+        return claimed
+
+    def _tell_marks(self, lanes: list[_Lane]) -> None:
+        """A fresh process over a restored upstream server: the marks are the floor it heals
+        above (it knows none of its own yet). Told once per lane per process."""
+        if not lanes:
+            return
+        prefixes = {self._mark_prefix(lane): lane for lane in lanes}
+        with self.own.connect() as conn:
+            rows = self.store.marks_starting(conn, prefixes)
+        highs: dict[int, int] = {}
+        for row in rows:
+            for prefix, lane in prefixes.items():
+                if row.name.startswith(prefix) and row.last_id is not None:
+                    highs[id(lane)] = max(highs.get(id(lane), 0), int(row.last_id))
+        for lane in lanes:
+            high = highs.get(id(lane), 0)
+            if high:
+                ensure_above_in(self.upstream, lane.sequence, high, lane.bits)
+            lane.told = True
+
+    def _bring(self, claimed: list[_Refill]) -> list[_Lane]:
+        """Ask upstream for the claimed ids (many sequences per round trip where it serves
+        many) and store them; the lanes whose refill completed."""
+        going = list(claimed)
+        done: list[_Lane] = []
+        while going and not self._closed.is_set():
+            asks: list[Request] = [
+                (r.lane.sequence, min(r.left, self.max_block), r.lane.bits) for r in going
+            ]
+            try:
+                found = blocks_from(self.upstream, asks)
+            except TicketsError as error:
+                found = [error] * len(going)
+            arrived: list[tuple[_Refill, range]] = []
+            still: list[_Refill] = []
+            for refill, (_, ask, _), outcome in zip(going, asks, found, strict=True):
+                lane = refill.lane
+                if isinstance(outcome, range):
+                    if len(outcome) == 0:
+                        self._failed(lane, TicketsError(
+                            f"{self.upstream!r} returned an empty block"), final=False)
+                        continue
+                    with lane.lock:
+                        lane.upstream_round_trips += 1
+                    arrived.append((refill, outcome))
+                elif isinstance(outcome, ExhaustedError):
+                    remaining = outcome.remaining
+                    if remaining and remaining < ask:
+                        refill.size = refill.got + remaining  # the sequence's last ids
+                        still.append(refill)
+                        continue
+                    if refill.got == 0:
+                        self._mark_exhausted(lane)
+                    self._failed(lane, outcome, final=True)
+                else:
+                    self._failed(lane, outcome, final=False)
+            for refill, stored in self._store(arrived):
+                lane = refill.lane
+                if stored in ("rewound", "stored"):
+                    if refill.left > 0:
+                        still.append(refill)
+                    else:
+                        done.append(lane)
+                elif stored == "lost":
                     with lane.lock:
                         lane.claims_lost += 1
-                    logger.warning("%s: refill claim of %s/%d lost (it outlived "
-                                   "claim_timeout=%g s)", self, lane.sequence, lane.bits,
-                                   self.claim_timeout)
-                    return
-        except TicketsError as error:
-            self._failed(lane, error, final=False)
-            return
-        finally:
-            self._release(lane)
-        with lane.lock:
-            lane.wanted = 0
-            if lane.failures:
-                logger.info("%s: refills of %s/%d work again", self, lane.sequence, lane.bits)
-            lane.failures = 0
-            lane.error = None
-        self._wake(lane)  # look once more: the rate may have grown, or blocks came short
+                    logger.warning("%s: refill claim of %s lost (it outlived claim_timeout=%g "
+                                   "s)", self, lane.label, self.claim_timeout)
+            going = still
+        return done
+
+    def _store(self, arrived: list[tuple[_Refill, range]]) -> list[tuple[_Refill, str]]:
+        """Put blocks from upstream in stock (one transaction), renewing the claims; for each,
+        ``"stored"``, ``"lost"`` (stored, but the claim is another's now), ``"rewound"`` (at
+        or below what the tier stored from upstream: refused, upstream told) or ``"failed"``
+        (the database did not take it: burned, logged)."""
+        if not arrived:
+            return []
+        try:
+            return self._store_together(arrived)
+        except sa_exc.IntegrityError:
+            if len(arrived) == 1:
+                refill, block = arrived[0]
+                with refill.lane.lock:
+                    refill.lane.burned += len(block)
+                self._failed(refill.lane, TicketsError(
+                    f"{self.upstream!r} returned {block!r}, which starts where a range in stock "
+                    "does: upstream issued ids twice; the block is not used"), final=False)
+                return [(refill, "failed")]
+            # One of them clashes with the stock: store them one by one to find which.
+            return [outcome for one in arrived for outcome in self._store([one])]
+
+    def _store_together(
+        self, arrived: list[tuple[_Refill, range]]
+    ) -> list[tuple[_Refill, str]]:
+        outcomes: list[tuple[_Refill, str]] = []
+        rewound: list[tuple[_Refill, range, int]] = []
+
+        def work(conn: sa.Connection) -> None:
+            outcomes.clear()
+            rewound.clear()
+            states = self.store.lock(conn, {refill.lane.key for refill, _ in arrived})
+            if len(states) < len({refill.lane.key for refill, _ in arrived}):
+                raise _NoState
+            names = {self._mark_name(refill.lane, block) for refill, block in arrived}
+            marks = self.store.marks(conn, names, lock=True)
+            new_marks: dict[str, tuple[int, str]] = {}
+            add: list[Queued] = []
+            for refill, block in arrived:
+                lane = refill.lane
+                state = states[lane.key]
+                key = self._mark_name(lane, block)
+                row = marks.get(key)
+                high = int(row.last_id or 0) if row is not None else 0
+                set_at = int(row.stamp) if row is not None and str(row.stamp).isdigit() else 0
+                if key in new_marks:
+                    high, set_at = new_marks[key][0], int(new_marks[key][1])
+                # Blocks of one lane come from upstream in increasing order, but are stored in
+                # the order their refills finish: a refill that stalled past its claim stores a
+                # block below the one its successor stored. The mark keeps when the refill
+                # that set it was claimed (database clock, in ``stamp``): a lower block from a
+                # refill claimed before that is late, not a rewind.
+                late = block.start <= high and refill.claimed_at and refill.claimed_at < set_at
+                if block.start <= lane.floor or (block.start <= high and not late):
+                    rewound.append((refill, block, max(high, lane.floor)))
+                    continue
+                if not late:
+                    new_marks[key] = (block[-1], str(refill.claimed_at))
+                head, rest = headable(block)
+                if not state.head and head:
+                    state.set_head(head, 1)
+                    block_rest = rest
+                else:
+                    block_rest = block
+                if block_rest:
+                    add.append(Queued(lane.key, 1, block_rest))
+                n = len(block)
+                state.stock += n
+                state.refills += 1
+                state.refilled += n
+                state.refilled_at = state.now
+                state.exhausted = 0
+                mine = state.claim_owner == self.owner
+                if mine:
+                    state.claim_until = state.now + int(self.claim_timeout * 1000)
+                outcomes.append((refill, "stored" if mine else "lost"))
+            self.store.add(conn, add)
+            self.store.write(conn, states.values())
+            self.store.write_marks(conn, new_marks, marks)
+
+        lanes = [refill.lane for refill, _ in arrived]
+        for attempt in range(1, _STORE_ATTEMPTS + 1):
+            try:
+                self._transaction(lanes, work)
+                break
+            except DatabaseUnavailable as error:
+                if attempt == _STORE_ATTEMPTS:
+                    for refill, block in arrived:
+                        with refill.lane.lock:
+                            refill.lane.burned += len(block)
+                        self._failed(refill.lane, error, final=False)
+                    logger.error("%s: %d ids burned: the datacenter database did not take "
+                                 "them", self, sum(len(b) for _, b in arrived))
+                    return [(refill, "failed") for refill, _ in arrived]
+                time.sleep(self.backoff * attempt)
+        stored = {id(refill) for refill, _ in outcomes}
+        for refill, block in arrived:
+            if id(refill) in stored:
+                with refill.lane.lock:
+                    refill.lane.refills += 1
+                    refill.lane.refilled += len(block)
+                    refill.lane.stored += 1
+                    refill.lane.arrived.notify_all()
+                refill.got += len(block)
+        for refill, block, high in rewound:
+            healed = self._upstream_rewound(refill.lane, block, high)
+            outcomes.append((refill, "rewound" if healed else "refused"))
+        return outcomes
+
+    def _release(self, lanes: list[_Lane]) -> None:
+        state = self.store.state
+        try:
+            with self._unit() as conn:
+                conn.execute(
+                    sa.update(state)
+                    .where(
+                        state.c.sequence_name == sa.bindparam("k_name"),
+                        state.c.bits == sa.bindparam("k_bits"),
+                        state.c.claim_owner == self.owner,
+                    )
+                    .values(claim_owner="", claim_until=0),
+                    [{"k_name": lane.name, "k_bits": lane.bits} for lane in lanes],
+                )
+        except (sa_exc.DBAPIError, DatabaseUnavailable, _MissingTables) as error:
+            # The claims run out by themselves after claim_timeout.
+            logger.warning("%s: releasing the refill claims of %s failed: %s",
+                           self, ", ".join(lane.label for lane in lanes[:3]), error)
+
+    def _mark_exhausted(self, lane: _Lane) -> None:
+        state = self.store.state
+        try:
+            with self._unit() as conn:
+                conn.execute(
+                    sa.update(state).where(
+                        state.c.sequence_name == lane.name, state.c.bits == lane.bits
+                    ).values(exhausted=1)
+                )
+        except (sa_exc.DBAPIError, DatabaseUnavailable, _MissingTables) as error:
+            logger.warning("%s: recording that %s is exhausted failed: %s",
+                           self, lane.label, error)
 
     def _failed(self, lane: _Lane, error: BaseException, *, final: bool) -> None:
         with lane.lock:
             lane.error = error
             lane.failures += 1
-            pause = min(self.max_backoff, self.backoff * 2 ** (lane.failures - 1))
+            failures = lane.failures
             lane.arrived.notify_all()
         (logger.error if final else logger.warning)(
-            "%s: refill of %s/%d from upstream failed (%d in a row): %s",
-            self, lane.sequence, lane.bits, lane.failures, error,
+            "%s: refill of %s from upstream failed (%d in a row): %s",
+            self, lane.label, failures, error,
         )
         if not final:
-            self._wake(lane, after=pause)
-
-    def _claim(self, lane: _Lane) -> tuple[int, float] | None:
-        """Claim the sequence's refill if its stock is low and nobody holds a live claim.
-
-        Returns ``None`` when no refill is needed, ``(0, seconds)`` when another process's
-        claim is live for that long, else ``(ids to bring, 0)`` with the claim held."""
-        state = self._state
-        with lane.lock:
-            wanted = lane.wanted
-
-        def work(conn: sa.Connection) -> tuple[int, float] | None:
-            row = conn.execute(
-                sa.select(
-                    state.c.stock, state.c.rate, state.c.claim_owner, state.c.claim_until,
-                    db_now_ms(),
-                ).where(*self._state_key(lane)).with_for_update()
-            ).one_or_none()
-            if row is None:
-                raise _NoState
-            now = int(row[-1])
-            stock = int(row.stock)
-            target = self._target(float(row.rate), lane.bits)
-            low = max(1, int(target * self.low_water))
-            if stock >= low and stock >= wanted:
-                return None
-            owner, until = row.claim_owner, int(row.claim_until)
-            if owner and owner != self.owner and until > now:
-                return 0, (until - now) / 1000
-            if owner and owner != self.owner:
-                logger.warning("%s: taking over the refill claim of %s/%d from %s (void for "
-                               "%.1f s)", self, lane.sequence, lane.bits, owner,
-                               (now - until) / 1000)
-            size = max(target - stock, wanted - stock, self.min_block)
-            size = min(size, self._budget(lane.bits) - stock)
-            if size < 1:
-                return None
-            conn.execute(
-                sa.update(state).where(*self._state_key(lane)).values(
-                    claim_owner=self.owner, claim_until=now + int(self.claim_timeout * 1000)
-                )
-            )
-            with lane.lock:
-                lane.claimed_at = now
-            return size, 0.0
-
-        try:
-            claimed: tuple[int, float] | None = self._transaction(lane, work)
-        except DatabaseUnavailable as error:
-            self._failed(lane, error, final=False)
-            return None
-        if claimed is not None and claimed[0] > 0:
-            with lane.lock:
-                lane.claims += 1
-        return claimed
-
-    def _store(self, lane: _Lane, block: range, claimed_at: int = 0) -> bool:
-        """Put a block from upstream in stock, renewing the claim; returns whether the claim
-        is still this process's. A block the database never took is burned (logged)."""
-        state, stock = self._state, self._stock
-        n = len(block)
-
-        def work(conn: sa.Connection) -> bool:
-            row = conn.execute(
-                sa.select(state.c.claim_owner, db_now_ms())
-                .where(*self._state_key(lane)).with_for_update()
-            ).one_or_none()
-            if row is None:
-                raise _NoState
-            now = int(row[-1])
-            self._check_mark(conn, lane, block, claimed_at)
-            conn.execute(
-                sa.insert(stock).values(
-                    sequence_name=lane.name, bits=lane.bits, kind=1,
-                    first_id=block.start, last_id=block[-1], step=block.step,
-                )
-            )
-            values: dict[str, Any] = {
-                "stock": state.c.stock + n,
-                "refills": state.c.refills + 1,
-                "refilled": state.c.refilled + n,
-                "refilled_at": now,
-                "exhausted": 0,
-            }
-            mine = row.claim_owner == self.owner
-            if mine:
-                values["claim_until"] = now + int(self.claim_timeout * 1000)
-            conn.execute(sa.update(state).where(*self._state_key(lane)).values(**values))
-            return bool(mine)
-
-        for attempt in range(1, _STORE_ATTEMPTS + 1):
-            try:
-                held: bool = self._transaction(lane, work)
-                break
-            except sa_exc.IntegrityError as error:
-                # Two blocks starting at one id: upstream issued an id twice. Never store it.
-                with lane.lock:
-                    lane.burned += n
-                raise TicketsError(
-                    f"{self.upstream!r} returned {block!r}, which starts where a range in stock "
-                    f"does: upstream issued ids twice; the block is not used"
-                ) from error
-            except DatabaseUnavailable:
-                if attempt == _STORE_ATTEMPTS:
-                    with lane.lock:
-                        lane.burned += n
-                    logger.error("%s: %d ids of %s/%d burned: the datacenter database did not "
-                                 "take them", self, n, lane.sequence, lane.bits)
-                    raise
-                time.sleep(self.backoff * attempt)
-        with lane.lock:
-            lane.refills += 1
-            lane.refilled += n
-            lane.stored += 1
-            lane.arrived.notify_all()
-        return held
+            pause = min(self.max_backoff, self.backoff * 2 ** (failures - 1))
+            self._refiller.defer(lane, pause, runway=0.0)
 
     # -- internals: rewinds -------------------------------------------------------------------
 
+    def _mark_prefix(self, lane: _Lane) -> str:
+        return f"upstream:{self.names.state}:{lane.name}/{lane.bits}:"
+
     def _mark_name(self, lane: _Lane, block: range) -> str:
         """The key of an upstream lane's high-water mark in the stamp table."""
-        return (f"upstream:{self.names.state}:{lane.name}/{lane.bits}:"
-                f"{block.step}:{block.start % block.step}")
+        return f"{self._mark_prefix(lane)}{block.step}:{block.start % block.step}"
 
-    def _highest_mark(self, lane: _Lane) -> int:
-        """The highest id the tier ever stored of this sequence, over its upstream lanes."""
-        stamps = self._stamps
-        prefix = f"upstream:{self.names.state}:{lane.name}/{lane.bits}:"
-        try:
-            with self.own.connect() as conn:
-                rows = conn.execute(
-                    sa.select(stamps.c.name, stamps.c.last_id).where(
-                        stamps.c.name.startswith(prefix, autoescape=True)
-                    )
-                ).all()
-        except sa_exc.DBAPIError as error:
-            raise self.own.unavailable(error) from error
-        return max((int(r.last_id) for r in rows if r.last_id is not None), default=0)
-
-    def _check_mark(
-        self, conn: sa.Connection, lane: _Lane, block: range, claimed_at: int
-    ) -> None:
-        """Refuse a block at or below what the tier stored from its upstream lane (or below
-        a floor it was told of); record its end as the lane's new mark (same transaction).
-
-        Blocks of one lane come from upstream in increasing order, but are stored in the order
-        their refills finish: a refill that stalled past its claim stores a block below the one
-        its successor stored. The mark keeps when the refill that set it was claimed (database
-        clock, in ``stamp``): a lower block from a refill claimed before that is late, not a
-        rewind."""
-        stamps = self._stamps
-        key = self._mark_name(lane, block)
-        row = conn.execute(
-            sa.select(stamps.c.last_id, stamps.c.stamp).where(stamps.c.name == key)
-            .with_for_update()
-        ).one_or_none()
-        high = int(row.last_id or 0) if row is not None else 0
-        set_at = int(row.stamp) if row is not None and row.stamp.isdigit() else 0
-        if block.start <= lane.floor:
-            raise _UpstreamRewound(max(high, lane.floor))
-        if block.start <= high:
-            if claimed_at and claimed_at < set_at:
-                return  # late: obtained before the block that set the mark
-            raise _UpstreamRewound(high)
-        if row is None:
-            conn.execute(self.backend.insert_seed(stamps, {"name": key, "last_id": block[-1]}))
-        conn.execute(sa.update(stamps).where(stamps.c.name == key).values(
-            last_id=block[-1], stamp=str(claimed_at)))
-
-    def _upstream_rewound(self, lane: _Lane, block: range, high: int) -> None:
+    def _upstream_rewound(self, lane: _Lane, block: range, high: int) -> bool:
         """Upstream offered ``block``, at or below ``high``: it went back in time. The block is
-        burned; upstream is told to move above ``high`` (heal), or RewindError (refuse)."""
+        burned; upstream is told to move above ``high`` (heal: returns ``True``, ask again),
+        or the lane's refills fail with :class:`RewindError` (refuse: ``False``)."""
         with lane.lock:
             lane.burned += len(block)
             lane.rewinds += 1
@@ -1250,10 +1325,17 @@ class DatacenterTier:
         seen = (f"{self.upstream!r} offered ids {block.start}..{block[-1]}, at or below "
                 f"{high}, the highest this datacenter tier stored from it")
         if self.on_rewind == "refuse" or not isinstance(self.upstream, KeepsAbove):
-            raise _rewind.refusal(repr(self.upstream), None, table, seen, [high])
-        self.upstream.ensure_above(lane.sequence, high, bits=lane.bits)
+            self._failed(lane, _rewind.refusal(repr(self.upstream), None, table, seen, [high]),
+                         final=False)
+            return False
+        try:
+            self.upstream.ensure_above(lane.sequence, high, bits=lane.bits)
+        except TicketsError as error:
+            self._failed(lane, error, final=False)
+            return False
         logger.warning("%s: %s went back in time upstream: %s; told it to move above %d: no id "
                        "is issued twice", self, table.label, seen, high)
+        return True
 
     def _verify_identity(self) -> None:
         """Check the tier database's identity; if it changed (restored, failed over), discard
@@ -1269,8 +1351,8 @@ class DatacenterTier:
                     cursor.close()
                 if live is None:
                     return  # the tables are not there yet
-                guard = tuple(conn.execute(sa.select(*self._guard_columns)).one()) if (
-                    self._guard_columns) else ()
+                columns = self.store.guard_columns
+                guard = tuple(conn.execute(sa.select(*columns)).one()) if columns else ()
                 stored = self.backend.read_stamp(conn, pseudo)
                 reference = self._identity or stored
                 discarded = None
@@ -1282,7 +1364,8 @@ class DatacenterTier:
                 elif stored is not None and stored.same(live):
                     pass  # another process saw it first and discarded the stock
                 else:
-                    discarded = self._discard_stock(conn, pseudo, live, reference)
+                    discarded = self.store.discard_everything(conn)
+                    self.backend.record_stamp(conn, pseudo, live, None)
         except (_MissingTables, sa_exc.DBAPIError, DatabaseUnavailable) as error:
             logger.debug("%s: identity check failed: %s", self, error)
             return
@@ -1295,95 +1378,10 @@ class DatacenterTier:
                 self, reference, live, discarded,
             )
             for lane in self._distinct_lanes():
-                self._wake(lane)
+                self._refiller.wake(lane, runway=0.0)
         self._identity, self._guard = live, guard
         self._checked = time.monotonic()
         self._checked_epoch = self._epoch
-
-    def _discard_stock(
-        self, conn: sa.Connection, pseudo: TicketTable, live: Identity, reference: Identity
-    ) -> int:
-        """Every range in stock, of every sequence, deleted; the identity recorded. Returns
-        how many ids went."""
-        state, stock = self._state, self._stock
-        conn.execute(sa.select(state.c.stock).with_for_update()).all()  # every writer waits
-        dropped = int(conn.execute(
-            sa.select(sa.func.coalesce(sa.func.sum(state.c.stock), 0))
-        ).scalar_one())
-        conn.execute(sa.delete(stock))
-        conn.execute(sa.update(state).values(stock=0))
-        self.backend.record_stamp(conn, pseudo, live, None)
-        return dropped
-
-    def ensure_above(self, sequence: str | None, floor: int, *, bits: int = 64) -> bool:
-        """Make every id issued from now on be above ``floor`` (ids known to be in use): the
-        ranges in stock at or below it are dropped, upstream is told too, and blocks it offers
-        at or below are refused. Returns whether anything was dropped or moved."""
-        lane = self._lane(sequence, bits)
-        if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
-            raise TicketsError(f"a floor is a number of ids >= 0, not {floor!r}")
-        with lane.lock:
-            lane.floor = max(lane.floor, floor)
-        state, stock = self._state, self._stock
-
-        def work(conn: sa.Connection) -> int:
-            if conn.execute(
-                sa.select(state.c.stock).where(*self._state_key(lane)).with_for_update()
-            ).one_or_none() is None:
-                raise _NoState
-            rows = conn.execute(
-                sa.select(stock.c.kind, stock.c.first_id, stock.c.last_id, stock.c.step)
-                .where(*self._stock_key(lane), stock.c.first_id <= floor)
-            ).all()
-            dropped = 0
-            for r in rows:
-                ids = range(int(r.first_id), int(r.last_id) + 1, int(r.step))
-                kept = above(ids, floor)
-                dropped += len(ids) - len(kept)
-                where = [*self._stock_key(lane), stock.c.kind == r.kind,
-                         stock.c.first_id == r.first_id]
-                if kept:
-                    conn.execute(sa.update(stock).where(*where).values(first_id=kept.start))
-                else:
-                    conn.execute(sa.delete(stock).where(*where))
-            if dropped:
-                conn.execute(sa.update(state).where(*self._state_key(lane))
-                             .values(stock=state.c.stock - dropped))
-            return dropped
-
-        dropped: int = self._transaction(lane, work)
-        if dropped:
-            with lane.lock:
-                lane.burned += dropped
-            logger.warning("%s dropped %d ids of %s/%d at or below %d from its stock: they are "
-                           "in use", self, dropped, lane.sequence or "Tickets", lane.bits, floor)
-        moved = ensure_above_in(self.upstream, lane.sequence, floor, lane.bits)
-        return bool(dropped) or moved
-
-    def _release(self, lane: _Lane) -> None:
-        state = self._state
-        try:
-            with self._unit() as conn:
-                conn.execute(
-                    sa.update(state)
-                    .where(*self._state_key(lane), state.c.claim_owner == self.owner)
-                    .values(claim_owner="", claim_until=0)
-                )
-        except (sa_exc.DBAPIError, DatabaseUnavailable, _MissingTables) as error:
-            # The claim runs out by itself after claim_timeout.
-            logger.warning("%s: releasing the refill claim of %s/%d failed: %s",
-                           self, lane.sequence, lane.bits, error)
-
-    def _mark_exhausted(self, lane: _Lane) -> None:
-        state = self._state
-        try:
-            with self._unit() as conn:
-                conn.execute(
-                    sa.update(state).where(*self._state_key(lane)).values(exhausted=1)
-                )
-        except (sa_exc.DBAPIError, DatabaseUnavailable, _MissingTables) as error:
-            logger.warning("%s: recording that %s/%d is exhausted failed: %s",
-                           self, lane.sequence, lane.bits, error)
 
 
 def _after_fork_in_child() -> None:

@@ -46,17 +46,14 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.functions import FunctionElement
 
 from .._deprecation import deprecated_alias
 from .._naming import check_seconds
+from ..dialects._clock import db_now_ms
 from ..dialects._connect import Bind, OwnEngine, engine_of, to_url
 from ..errors import TicketsError
 
@@ -77,41 +74,6 @@ log = logging.getLogger("sqlalchemy_tickets")
 DEFAULT_LEASE_TABLE = "tickets_worker_leases"
 DEFAULT_NAMESPACE = "default"
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
-
-
-# -- the database clock --------------------------------------------------------------------------
-
-
-class db_now_ms(FunctionElement[int]):
-    """The database server's clock as Unix milliseconds (BIGINT), compiled per dialect."""
-
-    type = sa.BigInteger()
-    inherit_cache = True
-    name = "db_now_ms"
-
-
-@compiles(db_now_ms)
-def _now_unknown(element: db_now_ms, compiler: SQLCompiler, **kw: Any) -> str:
-    raise sa_exc.CompileError(
-        f"worker leases have no clock expression for the {compiler.dialect.name!r} dialect; "
-        "supported: postgresql, mysql, mariadb, sqlite"
-    )
-
-
-@compiles(db_now_ms, "postgresql")
-def _now_postgresql(element: db_now_ms, compiler: SQLCompiler, **kw: Any) -> str:
-    return "CAST(FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) AS BIGINT)"
-
-
-@compiles(db_now_ms, "mysql")
-@compiles(db_now_ms, "mariadb")
-def _now_mysql(element: db_now_ms, compiler: SQLCompiler, **kw: Any) -> str:
-    return "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
-
-
-@compiles(db_now_ms, "sqlite")
-def _now_sqlite(element: db_now_ms, compiler: SQLCompiler, **kw: Any) -> str:
-    return "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
 
 
 # -- the table -----------------------------------------------------------------------------------

@@ -1,0 +1,90 @@
+"""How much a cache or a tier holds: one place for the rate estimate, the target and the bounds.
+
+VTickets sizes each table's cache from its recent insert rate, an exponentially weighted average
+that takes fast action on a spike without overreacting to it. Both the process cache
+(:class:`~sqlalchemy_tickets.CachedSource`, on the process's monotonic clock) and the
+datacenter tier (:class:`~sqlalchemy_tickets.DatacenterTier`, on the database's clock, shared by
+every process) size from the same estimate:
+
+* the **rate** rises at once to a higher measurement and forgets it over ``window`` seconds;
+* the **target** holds ``supply`` seconds of ids at that rate, within ``min_block`` and
+  ``max_block``, and never more than the waste budget — what a crash can burn. A young lane
+  (in use for less than ``supply`` seconds) holds no more than it has issued so far, so a
+  process that crashes early burns at most about what it used (a crash-looping worker over a
+  32-bit sequence does not burn a full block per crash), and rides out an outage of at least
+  half its age;
+* the **low-water mark** is half the target, and never less than four refill latencies of ids,
+  so a refill asked for there lands long before the ids run out: a double buffer;
+* a block that ran out in less than a quarter of ``supply`` seconds means the rate lags behind
+  (a young lane, a burst between two samples): the next one is twice as large (Meituan Leaf's
+  rule), so a lane reaches its size in a few refills rather than waiting for the estimate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .._naming import max_id
+
+#: Seconds over which a cache measures its rate at the shortest: a few ids a microsecond apart
+#: are noise, not a rate.
+RATE_INTERVAL = 0.1
+
+
+def next_rate(rate: float, measured: float, elapsed: float, window: float) -> float:
+    """The exponentially weighted rate after a measurement over ``elapsed`` seconds: at once
+    up to ``measured`` when it is higher, else forgetting the old rate over ``window``."""
+    if measured >= rate:
+        return measured
+    return rate + (measured - rate) * (1 - math.exp(-elapsed / window))
+
+
+def runway(held: int, rate: float) -> float:
+    """Seconds ``held`` ids last at ``rate`` ids per second (``inf`` without a rate)."""
+    return held / rate if rate > 0 else math.inf
+
+
+def budget_of(waste_budget: int | float, bits: int, last_issued: int) -> int:
+    """The most ids a lane may hold at once: an ``int`` as it is, a ``float`` as that share of
+    what is left of the sequence's id space (at least 2)."""
+    if isinstance(waste_budget, float):
+        return max(2, int((max_id(bits) - last_issued) * waste_budget))
+    return waste_budget
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The sizing rules of one cache or tier (its options, checked by its constructor)."""
+
+    supply: float
+    window: float
+    min_block: int
+    max_block: int
+
+    def target(
+        self, rate: float, budget: int, grown: int = 0, earned: int | None = None
+    ) -> int:
+        """Ids to hold: ``supply`` seconds at ``rate`` (or ``grown``, a doubled block, if
+        larger), within ``min_block``..``max_block``, ``earned`` (a young lane's ids issued)
+        and the ``budget``."""
+        wanted = max(math.ceil(rate * self.supply), grown)
+        if earned is not None:
+            wanted = min(wanted, earned)
+        return max(1, min(budget, self.max_block, max(self.min_block, wanted)))
+
+    def earned(self, age: float, issued: int) -> int | None:
+        """What a lane of ``age`` seconds that issued ``issued`` ids may hold (``None``: as
+        much as its rate says, once it is ``supply`` seconds old)."""
+        return None if age >= self.supply else issued
+
+    def low_water(self, target: int, rate: float, latency: float, budget: int) -> int:
+        """Refill under this many ids held: half the target, and at least four refill
+        latencies of ids at ``rate``; never above half the budget (a refill must fit)."""
+        wanted = max(target // 2, math.ceil(rate * latency * 4), 1)
+        return max(1, min(wanted, budget // 2))
+
+    def grow(self, block: int, lasted: float) -> int:
+        """The doubled size after a block of ``block`` ids lasted ``lasted`` seconds (0: the
+        rate keeps up)."""
+        return 2 * block if lasted < self.supply / 4 else 0
