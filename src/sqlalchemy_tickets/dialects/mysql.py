@@ -222,8 +222,8 @@ class MySQLBackend(TicketBackend):
         # The row may have moved on since (another take): the block is the session's own
         # variables; the rest is what the stock looked like a moment later, which is enough
         # for deciding on a refill.
-        key = {"k_name": values["k_name"], "k_bits": values["k_bits"]}
-        return connection.execute(read, key).one()
+        which = {"k_name": values["k_name"], "k_bits": values["k_bits"]}
+        return connection.execute(read, which).one()
 
     def tier_table_options(self) -> dict[str, Any]:
         # Row locks and atomic commits: a take and its state row move together.

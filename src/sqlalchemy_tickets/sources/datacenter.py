@@ -87,7 +87,6 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -117,7 +116,7 @@ from ..errors import (
 from . import _rewind
 from ._refill import Refiller
 from ._rewind import RewindPolicy
-from ._sizing import Sizing, next_rate, runway
+from ._sizing import Sizing, runway
 from ._tier_admin import (
     TierStatus,
     create_datacenter_tables,
@@ -129,13 +128,19 @@ from ._tier_admin import (
     drop_datacenter_table_statements,
     missing_table,
 )
-from ._tier_store import Key, Queued, State, Taken, TierStore, headable
+from ._tier_refill import (
+    RATE_INTERVAL_MS,
+    Lane,
+    MissingTables,
+    Moved,
+    NoState,
+    TierRefills,
+)
+from ._tier_store import Key, Queued, Taken, TierStore, headable
 from .base import (
-    KeepsAbove,
     Request,
     TicketSource,
     above,
-    blocks_from,
     check_count,
     check_ids,
     ensure_above_in,
@@ -155,17 +160,11 @@ __all__ = [
 
 logger = logging.getLogger("sqlalchemy_tickets")
 
-#: Shortest interval between two samples of the shared rate (database clock, ms).
-RATE_INTERVAL_MS = 1000
-
 #: The most ids in stock by default (and never more than 0.1 % of the id space).
 DEFAULT_WASTE_BUDGET = 10_000_000
 
 #: How often a caller waiting on an empty stock looks again for ids another process stored.
 _POLL = 0.05
-
-#: Times a batch of blocks from upstream is offered to the database before it counts as burned.
-_STORE_ATTEMPTS = 3
 
 #: Most sequences in one refill (one claim, one round trip upstream, one store).
 REFILL_BATCH = 64
@@ -174,23 +173,6 @@ REFILL_BATCH = 64
 _TAKE_ATTEMPTS = 5
 
 _T = TypeVar("_T")
-
-
-def _name(sequence: str | None) -> str:
-    """The ``sequence_name`` column's value: Flickr's tables (``None``) are ``''``."""
-    return "" if sequence is None else sequence
-
-
-class _MissingTables(Exception):
-    """The tier's tables are not there (raised inside a unit, handled by its caller)."""
-
-
-class _NoState(Exception):
-    """A sequence has no state row yet."""
-
-
-class _Moved(Exception):
-    """The tier's database is not the one this process last saw (restored, failed over)."""
 
 
 def _share_an_id(a: range, b: range) -> bool:
@@ -202,67 +184,6 @@ def _share_an_id(a: range, b: range) -> bool:
     first = a.start + -(-(low - a.start) // a.step) * a.step  # a's first id >= low
     period = a.step * b.step // math.gcd(a.step, b.step)
     return any(x in b for x in range(first, min(high, first + period - 1) + 1, a.step))
-
-
-@dataclass(eq=False)
-class _Lane:
-    """One (sequence, bits) of this process: its counters and waiters (under ``lock``)."""
-
-    sequence: str | None
-    bits: int
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    ready: bool = False  # its state row is known to exist
-    wanted: int = 0  # ids a caller asked for beyond the stock: the next refill brings them
-    error: BaseException | None = None
-    failures: int = 0
-    stored: int = 0  # blocks this process stored: what a waiting caller waits for
-    floor: int = 0  # ids up to here are in use (ensure_above): upstream must offer above it
-    told: bool = False  # upstream was told the marks of this lane, in this process
-    claimed_at: int = 0  # database clock (ms) of this process's last refill claim
-    # Counters.
-    issued: int = 0
-    round_trips: int = 0
-    upstream_round_trips: int = 0
-    refills: int = 0
-    refilled: int = 0
-    claims: int = 0
-    claims_lost: int = 0
-    burned: int = 0
-    given_back: int = 0
-    blocking_waits: int = 0
-    rewinds: int = 0  # blocks upstream offered at or below what the tier stored from it
-    #: Notified for callers waiting on an empty stock (a block stored, a range given back, a
-    #: refill failed, closed).
-    arrived: threading.Condition = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.arrived = threading.Condition(self.lock)
-
-    @property
-    def name(self) -> str:
-        return _name(self.sequence)
-
-    @property
-    def key(self) -> Key:
-        return self.name, self.bits
-
-    @property
-    def label(self) -> str:
-        return f"{self.sequence or 'Tickets'}/{self.bits}"
-
-
-@dataclass
-class _Refill:
-    """One lane's refill in progress, in a refill thread."""
-
-    lane: _Lane
-    size: int
-    got: int = 0
-    claimed_at: int = 0
-
-    @property
-    def left(self) -> int:
-        return self.size - self.got
 
 
 _tiers: weakref.WeakSet[DatacenterTier] = weakref.WeakSet()
@@ -391,7 +312,7 @@ class DatacenterTier:
     def _reset_state(self) -> None:
         self._lock = threading.Lock()
         self._writing = threading.Lock()
-        self._lanes: dict[tuple[str | None, int], _Lane] = {}
+        self._lanes: dict[tuple[str | None, int], Lane] = {}
         self._closed = threading.Event()
         #: Who this process is in a claim row: host, pid, and a token (pids are reused).
         self.owner = f"{socket.gethostname()[:32]}:{os.getpid()}:{secrets.token_hex(6)}"[-64:]
@@ -404,8 +325,10 @@ class DatacenterTier:
         self._checked_epoch = -1
         self._rewinds = 0  # times this process found the tier's own database rewound
         self._created = False  # the tables were made (or upgraded) in this process
-        self._refiller: Refiller[_Lane] = Refiller(
-            self._refill, name="tickets-dc-refill", workers=self.workers, batch=REFILL_BATCH
+        self._refills = TierRefills(self)
+        self._refiller: Refiller[Lane] = Refiller(
+            self._refills.run, name="tickets-dc-refill", workers=self.workers,
+            batch=REFILL_BATCH,
         )
 
     def _connected(self, dbapi_connection: Any, record: Any) -> None:
@@ -544,7 +467,7 @@ class DatacenterTier:
     def give_back_many(self, items: Sequence[tuple[str | None, range, int]]) -> list[int]:
         """:meth:`give_back` of each ``(sequence, ids, bits)``, in one transaction (a cache
         closing with thousands of lanes)."""
-        lanes: list[_Lane] = []
+        lanes: list[Lane] = []
         for sequence, ids, bits in items:
             lane = self._lane(sequence, bits)
             if not isinstance(ids, range):
@@ -560,7 +483,7 @@ class DatacenterTier:
             taken_by.clear()
             states = self.store.lock(conn, [lane.key for lane, _ in wanted])
             if len(states) < len({lane.key for lane, _ in wanted}):
-                raise _NoState
+                raise NoState
             queued = self.store.queued(conn, list(states))
             add: list[Queued] = []
             for n, (lane, ids) in enumerate(wanted):
@@ -619,7 +542,7 @@ class DatacenterTier:
         def work(conn: sa.Connection) -> int:
             state = self.store.lock(conn, [lane.key]).get(lane.key)
             if state is None:
-                raise _NoState
+                raise NoState
             dropped = 0
             head = above(state.head, floor)
             if len(head) != len(state.head):
@@ -719,11 +642,11 @@ class DatacenterTier:
 
     # -- internals: lanes and units of work ---------------------------------------------------
 
-    def _distinct_lanes(self) -> list[_Lane]:
+    def _distinct_lanes(self) -> list[Lane]:
         with self._lock:
             return list({id(lane): lane for lane in self._lanes.values()}.values())
 
-    def _lane(self, sequence: str | None, bits: int) -> _Lane:
+    def _lane(self, sequence: str | None, bits: int) -> Lane:
         lane = self._lanes.get((sequence, bits))
         if lane is None:
             bits = check_bits(bits)
@@ -731,7 +654,7 @@ class DatacenterTier:
             with self._lock:
                 lane = self._lanes.get((name, bits))
                 if lane is None:
-                    lane = self._lanes[name, bits] = _Lane(name, bits)
+                    lane = self._lanes[name, bits] = Lane(name, bits)
                 self._lanes[sequence, bits] = lane
         return lane
 
@@ -754,7 +677,7 @@ class DatacenterTier:
                     yield conn
         except sa_exc.DBAPIError as error:
             if missing_table(self.backend, error):
-                raise _MissingTables from error
+                raise MissingTables from error
             if isinstance(error, sa_exc.IntegrityError):
                 raise
             raise self.own.unavailable(error) from error
@@ -764,7 +687,7 @@ class DatacenterTier:
 
     def _transaction(
         self,
-        lanes: Sequence[_Lane],
+        lanes: Sequence[Lane],
         work: Callable[[sa.Connection], _T],
         *,
         transaction: bool = True,
@@ -782,17 +705,17 @@ class DatacenterTier:
             try:
                 with self._unit(transaction=transaction) as conn:
                     return work(conn)
-            except (_MissingTables, _NoState):
+            except (MissingTables, NoState):
                 for lane in lanes:
                     lane.ready = False
-            except _Moved:
+            except Moved:
                 self._checked_epoch = -1  # checked (and its stock discarded) before the next
         raise TicketServerUnavailable(
             f"{self}: the tables of {', '.join(lane.label for lane in lanes[:3])} went away "
             "under every attempt to use them; try again"
         )
 
-    def _ensure(self, lanes: Sequence[_Lane]) -> None:
+    def _ensure(self, lanes: Sequence[Lane]) -> None:
         """The sequences' state rows (and the tables) exist: made on first use, race-free."""
         if self.create_missing and not self._created:
             # Once per process, even where the tier's tables exist: its stamp table, or the
@@ -808,7 +731,7 @@ class DatacenterTier:
                 for lane in lanes:
                     lane.ready = True
                 return
-            except _MissingTables:
+            except MissingTables:
                 if attempt == 2:
                     raise TicketServerUnavailable(
                         f"{self}: the tier's tables went away right after they were created"
@@ -823,7 +746,7 @@ class DatacenterTier:
 
     # -- internals: taking ids ---------------------------------------------------------------
 
-    def _take(self, lane: _Lane, count: int) -> tuple[range | None, bool]:
+    def _take(self, lane: Lane, count: int) -> tuple[range | None, bool]:
         """Up to ``count`` ids from the stock: the block (``None``: the stock is empty) and
         whether upstream said the sequence is exhausted."""
         for _ in range(_TAKE_ATTEMPTS):
@@ -860,15 +783,15 @@ class DatacenterTier:
         return self.store.take(conn, key, count, guard)
 
     def _next_head(
-        self, conn: sa.Connection, lane: _Lane, count: int
+        self, conn: sa.Connection, lane: Lane, count: int
     ) -> tuple[Taken | None, bool, bool]:
         """The take found no ids in the head (in a transaction): make the next queued range
         the head. Returns ``(ids taken here, take again, exhausted)``."""
         state = self.store.lock(conn, [lane.key]).get(lane.key)
         if state is None:
-            raise _NoState
+            raise NoState
         if self._guard is not None and state.guard != self._guard:
-            raise _Moved  # restored or failed over since the last check: nothing taken
+            raise Moved  # restored or failed over since the last check: nothing taken
         if state.head:
             return None, True, False  # another process made one already
         nxt = self.store.first_queued(conn, lane.key)
@@ -895,15 +818,15 @@ class DatacenterTier:
         return taken, taken is None, False
 
     def _take_many(
-        self, conn: sa.Connection, wanted: list[tuple[_Lane, int]]
+        self, conn: sa.Connection, wanted: list[tuple[Lane, int]]
     ) -> list[range | None]:
         """A block from the stock of each lane, in one transaction (``None``: empty)."""
         states = self.store.lock(conn, {lane.key for lane, _ in wanted})
         if len(states) < len({lane.key for lane, _ in wanted}):
-            raise _NoState
+            raise NoState
         for state in states.values():
             if self._guard is not None and state.guard != self._guard:
-                raise _Moved
+                raise Moved
         empty = [key for key, state in states.items() if not state.head and state.stock > 0]
         firsts = {key: self.store.first_queued(conn, key) for key in empty}
         gone: list[Queued] = []
@@ -940,7 +863,7 @@ class DatacenterTier:
                                          bool(state.exhausted), state.now))
         return out
 
-    def _look_after(self, lane: _Lane, taken: Taken | None) -> None:
+    def _look_after(self, lane: Lane, taken: Taken | None) -> None:
         """After a take: have the refill threads look at the stock when it is low, or when the
         shared rate is due a sample."""
         if self._closed.is_set():
@@ -952,7 +875,7 @@ class DatacenterTier:
         if taken.stock < low or taken.now - taken.rate_at >= RATE_INTERVAL_MS:
             self._refiller.wake(lane, runway=runway(taken.stock, taken.rate))
 
-    def _peek(self, lane: _Lane) -> bool:
+    def _peek(self, lane: Lane) -> bool:
         """Whether the stock holds ids (or upstream is exhausted), by a plain read."""
         try:
             with self.own.connect() as conn:
@@ -973,369 +896,7 @@ class DatacenterTier:
         """The stock aimed at: ``supply`` seconds at the shared rate, within the bounds."""
         return max(self.min_block, min(self._budget(bits), math.ceil(rate * self.supply)))
 
-    def _sample(self, state: State) -> None:
-        """Take a sample of the shared rate into ``state`` (locked), if one is due."""
-        now = state.now
-        if state.rate_at <= 0 or now < state.rate_at:
-            # The first sample, or the database's clock went back: start measuring again.
-            state.rate_at, state.rate_count = now, state.issued
-            return
-        elapsed_ms = now - state.rate_at
-        if elapsed_ms < RATE_INTERVAL_MS:
-            return
-        elapsed = elapsed_ms / 1000
-        measured = (state.issued - state.rate_count) / elapsed
-        state.rate = next_rate(state.rate, measured, elapsed, self.window)
-        state.rate_at, state.rate_count = now, state.issued
-
-    # -- internals: refilling (in the refill threads) -----------------------------------------
-
-    def _refill(self, lanes: list[_Lane]) -> None:
-        """Claim, bring blocks from upstream, store them, release — for several sequences at
-        once. Lanes that failed last time go alone, so that one stalled sequence does not hold
-        back the others."""
-        if self._closed.is_set():
-            return
-        together = [lane for lane in lanes if lane.failures == 0]
-        for group in ([together] if together else []) + [[lane] for lane in lanes
-                                                         if lane.failures]:
-            try:
-                self._refill_group(group)
-            except Exception:  # a bug must not end refills for good
-                logger.exception("%s: refill of %s failed", self,
-                                 ", ".join(lane.label for lane in group))
-                for lane in group:
-                    self._refiller.defer(lane, self.max_backoff)
-
-    def _refill_group(self, lanes: list[_Lane]) -> None:
-        claimed = self._claim(lanes)
-        if not claimed:
-            return
-        try:
-            self._tell_marks([r.lane for r in claimed if not r.lane.told])
-            done = self._bring(claimed)
-        finally:
-            self._release([r.lane for r in claimed])
-        for lane in done:
-            with lane.lock:
-                lane.wanted = 0
-                if lane.failures:
-                    logger.info("%s: refills of %s work again", self, lane.label)
-                lane.failures = 0
-                lane.error = None
-            # Look once more: the rate may have grown, or blocks came short.
-            self._refiller.wake(lane)
-
-    def _claim(self, lanes: list[_Lane]) -> list[_Refill]:
-        """Claim the refills of the lanes whose stock is low and that nobody else refills
-        (sampling the shared rate on the way); the claimed, with how many ids to bring.
-        Lanes another process refills are looked at again once its claim is void."""
-        wanted = {lane.key: lane.wanted for lane in lanes}
-        busy: list[tuple[_Lane, float]] = []
-
-        def work(conn: sa.Connection) -> list[_Refill]:
-            busy.clear()
-            states = self.store.lock(conn, wanted)
-            if len(states) < len(wanted):
-                raise _NoState
-            claimed: list[_Refill] = []
-            for lane in lanes:
-                state = states[lane.key]
-                self._sample(state)
-                stock, now = state.stock, state.now
-                target = self._target(state.rate, lane.bits)
-                low = max(1, int(target * self.low_water))
-                need = wanted[lane.key]
-                if stock >= low and stock >= need:
-                    continue
-                owner, until = state.claim_owner, state.claim_until
-                if owner and owner != self.owner and until > now:
-                    busy.append((lane, (until - now) / 1000))
-                    continue
-                if owner and owner != self.owner:
-                    logger.warning("%s: taking over the refill claim of %s from %s (void for "
-                                   "%.1f s)", self, lane.label, owner, (now - until) / 1000)
-                size = max(target - stock, need - stock, self.min_block)
-                size = min(size, self._budget(lane.bits) - stock)
-                if size < 1:
-                    continue
-                state.claim_owner = self.owner
-                state.claim_until = now + int(self.claim_timeout * 1000)
-                claimed.append(_Refill(lane, size, claimed_at=now))
-            self.store.write(conn, states.values())
-            return claimed
-
-        try:
-            claimed: list[_Refill] = self._transaction(lanes, work)
-        except DatabaseUnavailable as error:
-            for lane in lanes:
-                self._failed(lane, error, final=False)
-            return []
-        for lane, busy_for in busy:
-            # Another process holds a live claim: look again once it is void, if still low.
-            self._refiller.defer(lane, max(busy_for, self.backoff))
-        for refill in claimed:
-            with refill.lane.lock:
-                refill.lane.claims += 1
-                refill.lane.claimed_at = refill.claimed_at
-        return claimed
-
-    def _tell_marks(self, lanes: list[_Lane]) -> None:
-        """A fresh process over a restored upstream server: the marks are the floor it heals
-        above (it knows none of its own yet). Told once per lane per process."""
-        if not lanes:
-            return
-        prefixes = {self._mark_prefix(lane): lane for lane in lanes}
-        with self.own.connect() as conn:
-            rows = self.store.marks_starting(conn, prefixes)
-        highs: dict[int, int] = {}
-        for row in rows:
-            for prefix, lane in prefixes.items():
-                if row.name.startswith(prefix) and row.last_id is not None:
-                    highs[id(lane)] = max(highs.get(id(lane), 0), int(row.last_id))
-        for lane in lanes:
-            high = highs.get(id(lane), 0)
-            if high:
-                ensure_above_in(self.upstream, lane.sequence, high, lane.bits)
-            lane.told = True
-
-    def _bring(self, claimed: list[_Refill]) -> list[_Lane]:
-        """Ask upstream for the claimed ids (many sequences per round trip where it serves
-        many) and store them; the lanes whose refill completed."""
-        going = list(claimed)
-        done: list[_Lane] = []
-        while going and not self._closed.is_set():
-            asks: list[Request] = [
-                (r.lane.sequence, min(r.left, self.max_block), r.lane.bits) for r in going
-            ]
-            try:
-                found = blocks_from(self.upstream, asks)
-            except TicketsError as error:
-                found = [error] * len(going)
-            arrived: list[tuple[_Refill, range]] = []
-            still: list[_Refill] = []
-            for refill, (_, ask, _), outcome in zip(going, asks, found, strict=True):
-                lane = refill.lane
-                if isinstance(outcome, range):
-                    if len(outcome) == 0:
-                        self._failed(lane, TicketsError(
-                            f"{self.upstream!r} returned an empty block"), final=False)
-                        continue
-                    with lane.lock:
-                        lane.upstream_round_trips += 1
-                    arrived.append((refill, outcome))
-                elif isinstance(outcome, ExhaustedError):
-                    remaining = outcome.remaining
-                    if remaining and remaining < ask:
-                        refill.size = refill.got + remaining  # the sequence's last ids
-                        still.append(refill)
-                        continue
-                    if refill.got == 0:
-                        self._mark_exhausted(lane)
-                    self._failed(lane, outcome, final=True)
-                else:
-                    self._failed(lane, outcome, final=False)
-            for refill, stored in self._store(arrived):
-                lane = refill.lane
-                if stored in ("rewound", "stored"):
-                    if refill.left > 0:
-                        still.append(refill)
-                    else:
-                        done.append(lane)
-                elif stored == "lost":
-                    with lane.lock:
-                        lane.claims_lost += 1
-                    logger.warning("%s: refill claim of %s lost (it outlived claim_timeout=%g "
-                                   "s)", self, lane.label, self.claim_timeout)
-            going = still
-        return done
-
-    def _store(self, arrived: list[tuple[_Refill, range]]) -> list[tuple[_Refill, str]]:
-        """Put blocks from upstream in stock (one transaction), renewing the claims; for each,
-        ``"stored"``, ``"lost"`` (stored, but the claim is another's now), ``"rewound"`` (at
-        or below what the tier stored from upstream: refused, upstream told) or ``"failed"``
-        (the database did not take it: burned, logged)."""
-        if not arrived:
-            return []
-        try:
-            return self._store_together(arrived)
-        except sa_exc.IntegrityError:
-            if len(arrived) == 1:
-                refill, block = arrived[0]
-                with refill.lane.lock:
-                    refill.lane.burned += len(block)
-                self._failed(refill.lane, TicketsError(
-                    f"{self.upstream!r} returned {block!r}, which starts where a range in stock "
-                    "does: upstream issued ids twice; the block is not used"), final=False)
-                return [(refill, "failed")]
-            # One of them clashes with the stock: store them one by one to find which.
-            return [outcome for one in arrived for outcome in self._store([one])]
-
-    def _store_together(
-        self, arrived: list[tuple[_Refill, range]]
-    ) -> list[tuple[_Refill, str]]:
-        outcomes: list[tuple[_Refill, str]] = []
-        rewound: list[tuple[_Refill, range, int]] = []
-
-        def work(conn: sa.Connection) -> None:
-            outcomes.clear()
-            rewound.clear()
-            states = self.store.lock(conn, {refill.lane.key for refill, _ in arrived})
-            if len(states) < len({refill.lane.key for refill, _ in arrived}):
-                raise _NoState
-            names = {self._mark_name(refill.lane, block) for refill, block in arrived}
-            marks = self.store.marks(conn, names, lock=True)
-            new_marks: dict[str, tuple[int, str]] = {}
-            add: list[Queued] = []
-            for refill, block in arrived:
-                lane = refill.lane
-                state = states[lane.key]
-                key = self._mark_name(lane, block)
-                row = marks.get(key)
-                high = int(row.last_id or 0) if row is not None else 0
-                set_at = int(row.stamp) if row is not None and str(row.stamp).isdigit() else 0
-                if key in new_marks:
-                    high, set_at = new_marks[key][0], int(new_marks[key][1])
-                # Blocks of one lane come from upstream in increasing order, but are stored in
-                # the order their refills finish: a refill that stalled past its claim stores a
-                # block below the one its successor stored. The mark keeps when the refill
-                # that set it was claimed (database clock, in ``stamp``): a lower block from a
-                # refill claimed before that is late, not a rewind.
-                late = block.start <= high and refill.claimed_at and refill.claimed_at < set_at
-                if block.start <= lane.floor or (block.start <= high and not late):
-                    rewound.append((refill, block, max(high, lane.floor)))
-                    continue
-                if not late:
-                    new_marks[key] = (block[-1], str(refill.claimed_at))
-                head, rest = headable(block)
-                if not state.head and head:
-                    state.set_head(head, 1)
-                    block_rest = rest
-                else:
-                    block_rest = block
-                if block_rest:
-                    add.append(Queued(lane.key, 1, block_rest))
-                n = len(block)
-                state.stock += n
-                state.refills += 1
-                state.refilled += n
-                state.refilled_at = state.now
-                state.exhausted = 0
-                mine = state.claim_owner == self.owner
-                if mine:
-                    state.claim_until = state.now + int(self.claim_timeout * 1000)
-                outcomes.append((refill, "stored" if mine else "lost"))
-            self.store.add(conn, add)
-            self.store.write(conn, states.values())
-            self.store.write_marks(conn, new_marks, marks)
-
-        lanes = [refill.lane for refill, _ in arrived]
-        for attempt in range(1, _STORE_ATTEMPTS + 1):
-            try:
-                self._transaction(lanes, work)
-                break
-            except DatabaseUnavailable as error:
-                if attempt == _STORE_ATTEMPTS:
-                    for refill, block in arrived:
-                        with refill.lane.lock:
-                            refill.lane.burned += len(block)
-                        self._failed(refill.lane, error, final=False)
-                    logger.error("%s: %d ids burned: the datacenter database did not take "
-                                 "them", self, sum(len(b) for _, b in arrived))
-                    return [(refill, "failed") for refill, _ in arrived]
-                time.sleep(self.backoff * attempt)
-        stored = {id(refill) for refill, _ in outcomes}
-        for refill, block in arrived:
-            if id(refill) in stored:
-                with refill.lane.lock:
-                    refill.lane.refills += 1
-                    refill.lane.refilled += len(block)
-                    refill.lane.stored += 1
-                    refill.lane.arrived.notify_all()
-                refill.got += len(block)
-        for refill, block, high in rewound:
-            healed = self._upstream_rewound(refill.lane, block, high)
-            outcomes.append((refill, "rewound" if healed else "refused"))
-        return outcomes
-
-    def _release(self, lanes: list[_Lane]) -> None:
-        state = self.store.state
-        try:
-            with self._unit() as conn:
-                conn.execute(
-                    sa.update(state)
-                    .where(
-                        state.c.sequence_name == sa.bindparam("k_name"),
-                        state.c.bits == sa.bindparam("k_bits"),
-                        state.c.claim_owner == self.owner,
-                    )
-                    .values(claim_owner="", claim_until=0),
-                    [{"k_name": lane.name, "k_bits": lane.bits} for lane in lanes],
-                )
-        except (sa_exc.DBAPIError, DatabaseUnavailable, _MissingTables) as error:
-            # The claims run out by themselves after claim_timeout.
-            logger.warning("%s: releasing the refill claims of %s failed: %s",
-                           self, ", ".join(lane.label for lane in lanes[:3]), error)
-
-    def _mark_exhausted(self, lane: _Lane) -> None:
-        state = self.store.state
-        try:
-            with self._unit() as conn:
-                conn.execute(
-                    sa.update(state).where(
-                        state.c.sequence_name == lane.name, state.c.bits == lane.bits
-                    ).values(exhausted=1)
-                )
-        except (sa_exc.DBAPIError, DatabaseUnavailable, _MissingTables) as error:
-            logger.warning("%s: recording that %s is exhausted failed: %s",
-                           self, lane.label, error)
-
-    def _failed(self, lane: _Lane, error: BaseException, *, final: bool) -> None:
-        with lane.lock:
-            lane.error = error
-            lane.failures += 1
-            failures = lane.failures
-            lane.arrived.notify_all()
-        (logger.error if final else logger.warning)(
-            "%s: refill of %s from upstream failed (%d in a row): %s",
-            self, lane.label, failures, error,
-        )
-        if not final:
-            pause = min(self.max_backoff, self.backoff * 2 ** (failures - 1))
-            self._refiller.defer(lane, pause, runway=0.0)
-
     # -- internals: rewinds -------------------------------------------------------------------
-
-    def _mark_prefix(self, lane: _Lane) -> str:
-        return f"upstream:{self.names.state}:{lane.name}/{lane.bits}:"
-
-    def _mark_name(self, lane: _Lane, block: range) -> str:
-        """The key of an upstream lane's high-water mark in the stamp table."""
-        return f"{self._mark_prefix(lane)}{block.step}:{block.start % block.step}"
-
-    def _upstream_rewound(self, lane: _Lane, block: range, high: int) -> bool:
-        """Upstream offered ``block``, at or below ``high``: it went back in time. The block is
-        burned; upstream is told to move above ``high`` (heal: returns ``True``, ask again),
-        or the lane's refills fail with :class:`RewindError` (refuse: ``False``)."""
-        with lane.lock:
-            lane.burned += len(block)
-            lane.rewinds += 1
-        table = TicketTable(lane.sequence, lane.bits, lane.name)
-        _rewind.counted(table)
-        seen = (f"{self.upstream!r} offered ids {block.start}..{block[-1]}, at or below "
-                f"{high}, the highest this datacenter tier stored from it")
-        if self.on_rewind == "refuse" or not isinstance(self.upstream, KeepsAbove):
-            self._failed(lane, _rewind.refusal(repr(self.upstream), None, table, seen, [high]),
-                         final=False)
-            return False
-        try:
-            self.upstream.ensure_above(lane.sequence, high, bits=lane.bits)
-        except TicketsError as error:
-            self._failed(lane, error, final=False)
-            return False
-        logger.warning("%s: %s went back in time upstream: %s; told it to move above %d: no id "
-                       "is issued twice", self, table.label, seen, high)
-        return True
 
     def _verify_identity(self) -> None:
         """Check the tier database's identity; if it changed (restored, failed over), discard
@@ -1366,7 +927,7 @@ class DatacenterTier:
                 else:
                     discarded = self.store.discard_everything(conn)
                     self.backend.record_stamp(conn, pseudo, live, None)
-        except (_MissingTables, sa_exc.DBAPIError, DatabaseUnavailable) as error:
+        except (MissingTables, sa_exc.DBAPIError, DatabaseUnavailable) as error:
             logger.debug("%s: identity check failed: %s", self, error)
             return
         if discarded is not None:
