@@ -109,6 +109,23 @@ def transport_fd(transport: Any) -> int | None:
     return fd if fd >= 0 else None
 
 
+#: Tables per statement where a statement reads many (a ``UNION ALL``, an ``IN`` list).
+MANY = 200
+
+
+def run(cursor: Any, statement: sa.sql.ClauseElement, dialect: Dialect) -> Any:
+    """Compile ``statement`` for ``dialect`` and run it on a DBAPI cursor (for statements made
+    for one call; those run often are compiled once, as a :class:`RawStatement`)."""
+    # Expanding IN lists become one parameter per value here, as the driver needs them.
+    compiled: Any = statement.compile(dialect=dialect, compile_kwargs={"render_postcompile": True})
+    params = compiled.params
+    if compiled.positional:
+        cursor.execute(compiled.string, tuple(params[name] for name in compiled.positiontup))
+    else:
+        cursor.execute(compiled.string, params)
+    return cursor
+
+
 class RawStatement:
     """A Core statement compiled once for one dialect, runnable on a bare DBAPI cursor."""
 
@@ -826,6 +843,94 @@ class TicketBackend:
     def is_missing_table(self, error: BaseException) -> bool:
         """Whether a DBAPI error says the ticket table does not exist."""
         raise NotImplementedError
+
+    # -- many tables at once (first contact of thousands of sequences) -------------------
+
+    def describe_many(
+        self, cursor: Any, dialect: Dialect, tables: Sequence[TicketTable]
+    ) -> dict[TicketTable, TableInfo | None]:
+        """:meth:`describe` of many tables that exist, a few hundred per round trip (one
+        ``UNION ALL`` of their rows); a table without its row maps to ``None``."""
+        found: dict[TicketTable, TableInfo | None] = {}
+        named = [t for t in tables if not t.flickr]
+        for table in tables:
+            if table.flickr:
+                found[table] = self.describe(cursor, dialect, table)
+        for start in range(0, len(named), MANY):
+            part = named[start : start + MANY]
+            selects = []
+            for i, table in enumerate(part):
+                t = self.table(TableSpec(table))
+                selects.append(
+                    sa.select(sa.literal(i, sa.Integer).label("i"), t.c.id, t.c.increment,
+                              t.c.offset).where(t.c.stub == "a")
+                )
+            query = sa.union_all(*selects) if len(selects) > 1 else selects[0]
+            rows = run(cursor, query, dialect).fetchall()
+            for table in part:
+                found[table] = None
+            for i, last_id, increment, offset in rows:
+                found[part[int(i)]] = TableInfo(int(increment), int(offset), int(last_id))
+        return found
+
+    def identities(
+        self, cursor: Any, dialect: Dialect, tables: Sequence[TicketTable]
+    ) -> dict[TicketTable, Identity | None]:
+        """:meth:`identity` of many tables (``None``: no such table), in as few round trips as
+        the backend allows."""
+        return {table: self.identity(cursor, dialect, table) for table in tables}
+
+    def read_stamps(
+        self, connection: sa.Connection, tables: Sequence[TicketTable]
+    ) -> dict[str, Identity]:
+        """The identities recorded for ``tables``, by table name (one read per few hundred)."""
+        t = self.stamp_table()
+        found: dict[str, Identity] = {}
+        names = sorted({table.name for table in tables})
+        try:
+            for start in range(0, len(names), MANY):
+                rows = connection.execute(
+                    sa.select(t.c.name, t.c.stamp, t.c.synchronous)
+                    .where(t.c.name.in_(names[start : start + MANY]))
+                ).all()
+                for name, stamp, synchronous in rows:
+                    found[name] = Identity.from_stamp(stamp, bool(synchronous))
+        except sa.exc.DBAPIError as error:
+            if error.orig is not None and self.is_missing_table(error.orig):
+                return {}
+            raise
+        return found
+
+    def record_stamps(
+        self,
+        connection: sa.Connection,
+        stamps: Mapping[TicketTable, tuple[Identity, int | None]],
+    ) -> None:
+        """:meth:`record_stamp` of many tables (``table -> (identity, last_id)``), in a few
+        statements."""
+        if not stamps:
+            return
+        t = self.stamp_table()
+        connection.execute(sa.schema.CreateTable(t, if_not_exists=True))
+        rows = [
+            {"k_name": table.name, "v_stamp": identity.stamp,
+             "v_synchronous": int(identity.synchronous), "v_last": last_id}
+            for table, (identity, last_id) in stamps.items()
+        ]
+        seed = self.insert_seed(t, {
+            "name": sa.bindparam("k_name", type_=t.c.name.type),
+            "stamp": sa.bindparam("v_stamp", type_=t.c.stamp.type),
+            "synchronous": sa.bindparam("v_synchronous", type_=sa.SmallInteger),
+            "last_id": sa.bindparam("v_last", type_=sa.BigInteger),
+        })
+        update = sa.update(t).where(t.c.name == sa.bindparam("k_name", type_=t.c.name.type)).values(
+            stamp=sa.bindparam("v_stamp", type_=t.c.stamp.type),
+            synchronous=sa.bindparam("v_synchronous", type_=sa.SmallInteger),
+            last_id=sa.bindparam("v_last", type_=sa.BigInteger),
+        )
+        for start in range(0, len(rows), MANY):
+            connection.execute(seed, rows[start : start + MANY])
+            connection.execute(update, rows[start : start + MANY])
 
     def refuses_transactions(self, error: BaseException | None) -> bool:
         """Whether a DBAPI error says the server refuses transaction blocks (a connection

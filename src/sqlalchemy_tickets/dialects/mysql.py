@@ -30,6 +30,7 @@ from .._naming import TicketTable
 from ..errors import StrideMismatchError, TicketServerUnavailable
 from ._clock import db_now_ms
 from .base import (
+    MANY,
     ConnectParams,
     Identity,
     TableInfo,
@@ -37,6 +38,7 @@ from .base import (
     TicketBackend,
     advance,
     register_backend,
+    run,
     transport_fd,
 )
 
@@ -294,16 +296,44 @@ class MySQLBackend(TicketBackend):
         cluster, server_id, created, table_id = row
         if created is None:
             return None
-        if cluster:
-            # A Galera node: every node replays DDL at its own time, and a node that rejoins
-            # by a state transfer makes its tables anew; only the cluster's history is one.
-            return Identity(f"galera:{cluster}", "", "")
-        suffix = "" if table_id is None else f":table_id:{table_id}"
-        # The take checks the InnoDB table id where it may be read (exact), else the creation
-        # time (to the second; the interval's full check covers a restore within it).
-        guard = (server_id, table_id) if table_id is not None else (server_id, created)
-        return Identity("mysql", f"server_id:{server_id}", f"created:{created}{suffix}",
-                        guard=guard)
+        return _identity_of(cluster, server_id, created, table_id)
+
+    def identities(
+        self, cursor: Any, dialect: Dialect, tables: Sequence[TicketTable]
+    ) -> dict[TicketTable, Identity | None]:
+        if not tables:
+            return {}
+        cluster, server_id, database = run(cursor, sa.text(_CLUSTER), dialect).fetchone()
+        created: dict[str, Any] = {}
+        table_ids: dict[str, Any] = {}
+        for start in range(0, len(tables), MANY):
+            names = [t.name for t in tables[start : start + MANY]]
+            query = sa.text(
+                "SELECT TABLE_NAME, CREATE_TIME FROM information_schema.TABLES "
+                "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN :names"
+            ).bindparams(sa.bindparam("names", names, expanding=True))
+            created.update((name.lower(), at) for name, at in run(cursor, query, dialect))
+            if dialect in self._no_table_ids:
+                continue
+            query = sa.text(
+                "SELECT NAME, TABLE_ID FROM information_schema.INNODB_SYS_TABLES "
+                "WHERE NAME IN :names"
+            ).bindparams(sa.bindparam("names", [f"{database}/{n}" for n in names],
+                                      expanding=True))
+            try:
+                rows = run(cursor, query, dialect).fetchall()
+            except Exception as error:
+                if _error_code(error) != _NEEDS_PROCESS_PRIVILEGE:
+                    raise
+                self._no_table_ids.add(dialect)
+                continue
+            table_ids.update((name.partition("/")[2].lower(), tid) for name, tid in rows)
+        found: dict[TicketTable, Identity | None] = {}
+        for table in tables:
+            at = created.get(table.name.lower())
+            tid = None if dialect in self._no_table_ids else table_ids.get(table.name.lower())
+            found[table] = None if at is None else _identity_of(cluster, server_id, at, tid)
+        return found
 
     # The take refuses a table whose server or creation time changed (a promoted replica, a
     # restore while connections stay open): an information_schema read in the UPDATE itself,
@@ -392,6 +422,26 @@ _IDENTITY = (
     "(SELECT CREATE_TIME FROM information_schema.TABLES "
     "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :name)"
 )
+
+
+#: What every table's identity on one server shares, and the database name.
+_CLUSTER = (
+    "SELECT (SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS "
+    "WHERE VARIABLE_NAME = 'WSREP_CLUSTER_STATE_UUID'), @@server_id, DATABASE()"
+)
+
+
+def _identity_of(cluster: Any, server_id: Any, created: Any, table_id: Any) -> Identity:
+    if cluster:
+        # A Galera node: every node replays DDL at its own time, and a node that rejoins by a
+        # state transfer makes its tables anew; only the cluster's history is one.
+        return Identity(f"galera:{cluster}", "", "")
+    suffix = "" if table_id is None else f":table_id:{table_id}"
+    # The take checks the InnoDB table id where it may be read (exact), else the creation time
+    # (to the second; the interval's full check covers a restore within it).
+    guard = (server_id, table_id) if table_id is not None else (server_id, created)
+    return Identity("mysql", f"server_id:{server_id}", f"created:{created}{suffix}",
+                    guard=guard)
 
 
 def _identity(t: sa.Table) -> sa.sql.Executable:

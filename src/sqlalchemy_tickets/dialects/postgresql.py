@@ -13,7 +13,7 @@ import functools
 import importlib
 import math
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -24,12 +24,14 @@ from sqlalchemy.engine import URL, Dialect
 from .._naming import TicketTable
 from ._connect import bounded_call
 from .base import (
+    MANY,
     ConnectParams,
     Identity,
     ReturningBackend,
     advance,
     lock_key,
     register_backend,
+    run,
     transport_fd,
 )
 
@@ -56,6 +58,13 @@ _IDENTITY = sa.text(
     "current_setting('synchronous_commit') IN ('on', 'remote_apply', 'remote_write')"
 )
 
+#: :data:`_IDENTITY` without the table: what many tables' identities share.
+_CLUSTER = sa.text(
+    "SELECT (SELECT system_identifier FROM pg_control_system())::text, "
+    f"{_TIMELINE}, current_setting('synchronous_standby_names') <> '' AND "
+    "current_setting('synchronous_commit') IN ('on', 'remote_apply', 'remote_write')"
+)
+
 
 @register_backend("postgresql")
 class PostgreSQLBackend(ReturningBackend):
@@ -77,6 +86,30 @@ class PostgreSQLBackend(ReturningBackend):
             return None
         return Identity(f"pg:{sysid}", f"timeline:{int(timeline, 16)}", f"oid:{oid}",
                         bool(synchronous), guard=(int(oid), str(timeline)))
+
+    def identities(
+        self, cursor: Any, dialect: Dialect, tables: Sequence[TicketTable]
+    ) -> dict[TicketTable, Identity | None]:
+        if not tables:
+            return {}
+        sysid, timeline, synchronous = run(cursor, _CLUSTER, dialect).fetchone()
+        found: dict[TicketTable, Identity | None] = {}
+        for start in range(0, len(tables), MANY):
+            part = tables[start : start + MANY]
+            names = sa.values(sa.column("n", sa.Text), name="names").data(
+                [(t.name,) for t in part]
+            )
+            oid = sa.func.to_regclass(sa.func.quote_ident(names.c.n))
+            rows = dict(run(cursor, sa.select(
+                names.c.n, sa.cast(sa.cast(oid, postgresql.OID), sa.BigInteger)
+            ), dialect).fetchall())
+            for table in part:
+                oid_of = rows.get(table.name)
+                found[table] = None if oid_of is None else Identity(
+                    f"pg:{sysid}", f"timeline:{int(timeline, 16)}", f"oid:{oid_of}",
+                    bool(synchronous), guard=(int(oid_of), str(timeline)),
+                )
+        return found
 
     def identity_columns(self, name: str) -> list[sa.ColumnElement[Any]]:
         oid = sa.func.to_regclass(sa.func.quote_ident(sa.literal(name, sa.Text)))

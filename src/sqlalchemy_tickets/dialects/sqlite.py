@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os.path
 import sqlite3
-from collections.abc import Awaitable, Callable, Hashable, Iterator
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from sqlalchemy.pool import StaticPool
 
 from .._naming import TicketTable
 from ..errors import TicketsError
-from .base import ConnectParams, Identity, ReturningBackend, register_backend
+from .base import MANY, ConnectParams, Identity, ReturningBackend, register_backend
 
 EMBEDDED_SUFFIX = "-tickets"
 
@@ -132,12 +132,22 @@ class SQLiteBackend(ReturningBackend):
         return sa.func.min(a, b, type_=sa.BigInteger)
 
     def identity(self, cursor: Any, dialect: Dialect, table: TicketTable) -> Identity | None:
+        return self.identities(cursor, dialect, [table])[table]
+
+    def identities(
+        self, cursor: Any, dialect: Dialect, tables: Sequence[TicketTable]
+    ) -> dict[TicketTable, Identity | None]:
         # A file replaced by a copy is another inode; a table rebuilt gets another root page.
-        cursor.execute("SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name = ?",
-                       (table.name,))
-        row = cursor.fetchone()
-        if row is None:
-            return None
+        pages: dict[str, int] = {}
+        for start in range(0, len(tables), MANY):
+            names = [t.name for t in tables[start : start + MANY]]
+            cursor.execute(
+                "SELECT name, rootpage FROM sqlite_master WHERE type = 'table' AND name IN "
+                f"({', '.join('?' * len(names))})", names,
+            )
+            pages.update(cursor.fetchall())
+        if not pages:
+            return dict.fromkeys(tables)
         cursor.execute("PRAGMA database_list")
         path = next((r[2] for r in cursor.fetchall() if r[1] == "main"), "")
         try:
@@ -145,7 +155,10 @@ class SQLiteBackend(ReturningBackend):
         except OSError:
             info = None
         lineage = f"file:{info.st_dev}:{info.st_ino}" if info is not None else "memory"
-        return Identity(lineage, "", f"rootpage:{row[0]}")
+        return {
+            t: None if t.name not in pages else Identity(lineage, "", f"rootpage:{pages[t.name]}")
+            for t in tables
+        }
 
     def is_moved(self, error: BaseException) -> bool:
         # SQLITE_READONLY_DBMOVED: the file was replaced (a restore) while this connection

@@ -9,9 +9,9 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
@@ -39,7 +39,7 @@ from ..errors import (
 )
 from . import _rewind
 from ._rewind import DEFAULT_REWIND_MARGIN, RewindPolicy
-from .base import check_count, check_ids
+from .base import Request, check_count, check_ids
 
 logger = logging.getLogger("sqlalchemy_tickets")
 
@@ -78,6 +78,15 @@ _MAX_ID_32 = 2**31 - 1
 #: Times a statement that lost a write conflict (Galera certification, deadlock) runs again
 #: within one round trip before its error reaches the caller.
 _CONFLICT_RETRIES = 50
+
+#: Sequences whose first contact is made together (:meth:`TicketServer.prepare`).
+PREPARE_BATCH = 1000
+
+#: Sequences whose blocks are taken in one transaction (:meth:`TicketServer.next_blocks`): a
+#: few dozen keep each ticket row's lock short.
+TAKE_BATCH = 64
+
+_R = TypeVar("_R")
 
 #: Times a block is asked for again when the table changed between a take and its describe
 #: (seeded by its creator, restrided), before the server counts as unavailable.
@@ -277,6 +286,10 @@ class TicketServer:
         #: Floors kept outside this database (set by TicketServers: what the other servers of
         #: the pair issued): a rewind is healed above the highest of them.
         self.floors: list[Callable[[TicketTable], int | None]] = []
+        #: The same for many tables at once (set by TicketServers: one round trip per peer).
+        self.start_above_many: Callable[[list[TicketTable]], dict[TicketTable, int]] | None = (
+            None
+        )
         #: Called with (table, target) after this server healed a rewind (set by
         #: TicketServers: the other servers move above it too, so the floor a later heal of
         #: this server reads is above the ids it issued since).
@@ -436,6 +449,251 @@ class TicketServer:
                           f"below {floor}, an id already in use")
             return True
 
+    # -- many sequences at once ----------------------------------------------------------------
+
+    def prepare(self, sequences: Iterable[str | None], *, bits: int = 64) -> None:
+        """Make first contact with many sequences in a few round trips, instead of several
+        each on their first ids: their tables created where missing (``create_missing``), each
+        stride checked, each identity read and compared with the one recorded (or recorded).
+
+        Raises the first error a sequence met (:class:`StrideMismatchError`,
+        :class:`UnknownSequenceError`, :class:`RewindError`...); the others are ready."""
+        check_bits(bits)
+        todo: dict[str | None, TicketTable] = {}
+        for sequence in sequences:
+            if (sequence, bits) not in self._known:
+                todo[sequence] = ticket_table(sequence, bits, self.table_template)
+        items = list(todo.items())
+        for start in range(0, len(items), PREPARE_BATCH):
+            self._first_contact_many(items[start : start + PREPARE_BATCH], bits)
+
+    def next_blocks(self, requests: Sequence[Request]) -> list[range | TicketsError]:
+        """:meth:`next_block` for each ``(sequence, count, bits)``: first contact with new
+        sequences made together (:meth:`prepare`), then the blocks taken in one transaction per
+        few dozen sequences. A sequence that needs more than a plain take (a table to
+        create, a rewind to heal, a stride changed) goes through :meth:`next_block` alone."""
+        out: list[range | TicketsError | None] = [None] * len(requests)
+        for i, (_, count, bits) in enumerate(requests):
+            try:
+                check_bits(bits)
+                if type(count) is not int or count < 1 or count > _MAX_ID_32:
+                    check_count(count, bits)
+            except TicketsError as error:
+                out[i] = error
+        by_bits: dict[int, list[str | None]] = {}
+        for i, (sequence, _, bits) in enumerate(requests):
+            if out[i] is None and (sequence, bits) not in self._known:
+                by_bits.setdefault(bits, []).append(sequence)
+        for bits, names in by_bits.items():
+            try:
+                self.prepare(names, bits=bits)
+            except TicketsError as error:  # each is tried alone below, to say which failed
+                logger.debug("%s: first contact with %d sequences together failed: %s",
+                             self, len(names), error)
+        ready = [i for i, (s, _, b) in enumerate(requests)
+                 if out[i] is None and (s, b) in self._known]
+        for start in range(0, len(ready), TAKE_BATCH):
+            part = ready[start : start + TAKE_BATCH]
+            try:
+                found = self._take_together(
+                    [(self._known[requests[i][0], requests[i][2]], requests[i][1]) for i in part]
+                )
+            except TicketServerUnavailable as error:
+                for i in part:
+                    out[i] = error
+                continue
+            for i, block in zip(part, found, strict=True):
+                out[i] = block
+        result: list[range | TicketsError] = []
+        for i, (sequence, count, bits) in enumerate(requests):
+            got = out[i]
+            if got is None:
+                try:
+                    got = self.next_block(sequence, count, bits=bits)
+                except TicketsError as error:
+                    got = error
+            result.append(got)
+        return result
+
+    def give_back_many(self, items: Sequence[tuple[str | None, range, int]]) -> list[int]:
+        """:meth:`give_back` of each ``(sequence, ids, bits)``, the compare-and-sets of a few
+        dozen sequences in one round trip."""
+        out = [0] * len(items)
+        wanted: list[tuple[int, _Known, range]] = []
+        for i, (sequence, ids, bits) in enumerate(items):
+            check_ids(ids, bits)
+            known = self._known.get((sequence, bits))
+            if not ids or known is None or known.table.flickr:
+                if ids and known is None:
+                    out[i] = self.give_back(sequence, ids, bits=bits)
+                continue
+            info = known.info
+            if ids.step != info.increment or (ids.start - info.offset) % ids.step:
+                continue
+            wanted.append((i, known, ids))
+        for start in range(0, len(wanted), TAKE_BATCH):
+            part = wanted[start : start + TAKE_BATCH]
+            with self._marks.moving():
+                moved = self._round_trip(self._give_back_together, part[0][1].table,
+                                         [(k.table, ids, k.info) for _, k, ids in part])
+                with self._lock:
+                    for (i, known, ids), back in zip(part, moved, strict=True):
+                        if back:
+                            self._mark(known.table).returned(ids)
+                            out[i] = len(ids)
+        return out
+
+    def _first_contact_many(
+        self, items: list[tuple[str | None, TicketTable]], bits: int
+    ) -> None:
+        tables = [table for _, table in items]
+        lives: dict[TicketTable, Identity | None] = self._round_trip(
+            self._identities, tables[0], tables
+        )
+        missing = [t for t in tables if lives.get(t) is None]
+        if missing:
+            if not self.create_missing:
+                raise UnknownSequenceError(
+                    f"no ticket table {missing[0].name} for sequence {missing[0].label} on "
+                    f"{self} (and {len(missing) - 1} more); create them with "
+                    "`sqlalchemy-tickets init` or op.create_ticket_tables()"
+                )
+            self._create_many_on_first_use(missing)
+            lives.update(self._round_trip(self._identities, missing[0], missing))
+        present = [t for t in tables if lives.get(t) is not None]
+        infos: dict[TicketTable, TableInfo | None] = self._round_trip(
+            self._describe_many, tables[0], present
+        ) if present else {}
+        recorded: dict[str, Identity] = {}
+        new: dict[TicketTable, tuple[Identity, int | None]] = {}
+        first_error: TicketsError | None = None
+        if self._stamps and present:
+            try:
+                with self.own.connect() as conn:
+                    recorded = self.backend.read_stamps(conn, present)
+            except sa_exc.DBAPIError as error:
+                self._stamps_out_of_reach(error)
+        alone: list[tuple[str | None, TicketTable]] = []
+        ready: list[tuple[str | None, _Known]] = []
+        for sequence, table in items:
+            live, info = lives.get(table), infos.get(table)
+            if live is None or (info is None and not table.flickr):
+                alone.append((sequence, table))  # went away, or no row yet: the long way
+                continue
+            if info is None:
+                info = TableInfo(*(self.stride or (1, 1)), None)  # Flickr's, no row yet
+            try:
+                self._check_stride(table, info)
+            except TicketsError as error:
+                first_error = first_error or error
+                continue
+            known = _Known(table, info)
+            stored = recorded.get(table.name)
+            if stored is not None and not live.same(stored):
+                alone.append((sequence, table))  # changed since recorded: a rewind to judge
+                continue
+            if stored is None and self._stamps:
+                new[table] = (live, info.last_id)
+            known.identity, known.checked = live, time.monotonic()
+            ready.append((sequence, known))
+        if new:
+            try:
+                with self.own.connect() as conn:
+                    self.backend.record_stamps(conn, new)
+            except sa_exc.IntegrityError:
+                pass  # recorded concurrently: the next check reads it
+            except sa_exc.DBAPIError as error:
+                self._stamps_out_of_reach(error)
+        epoch = self._epoch
+        with self._lock:
+            for sequence, known in ready:
+                known.epoch = epoch
+                self._known[sequence, bits] = known
+        for sequence, _ in alone:
+            try:
+                self._first_contact(sequence, bits)
+            except TicketsError as error:
+                first_error = first_error or error
+        if first_error is not None:
+            raise first_error
+
+    def _create_many_on_first_use(self, tables: list[TicketTable]) -> None:
+        """Create tables found missing on first contact, each above what its peers issued and
+        above ids known in use (as :meth:`_create_on_first_use` does for one)."""
+        starts: dict[TicketTable, int] = {}
+        above_peers = self.start_above_many(tables) if self.start_above_many else {}
+        for table in tables:
+            start = above_peers.get(table, 0) + 1
+            mark = self._high.get(table)
+            start = max(start, (mark.high if mark is not None else 0) + 1)
+            starts[table] = min(max(1, start), table.max_id)
+        increment, offset = self.stride or (1, 1)
+        specs = [TableSpec(t, starts[t], increment, offset, self.storage_engine) for t in tables]
+        self._create(specs)
+
+    def _take_together(self, wanted: list[tuple[_Known, int]]) -> list[range | None]:
+        """One transaction taking a block of each table (``None``: a table the plain take could
+        not serve: its caller goes the long way)."""
+        for known, _ in wanted:
+            if known.epoch != self._epoch or (
+                not self.backend.identity_in_block_complete
+                and time.monotonic() - known.checked >= self.identity_interval
+            ):
+                self._check_identities([k for k, _ in wanted])
+                break
+        out: list[range | None] = []
+        with self._marks.taking():
+            marks = [self._mark(known.table) for known, _ in wanted]
+            highs = [mark.high for mark in marks]
+            epoch = self._epoch
+            lasts: list[int | None] = self._round_trip(
+                self._take_many, wanted[0][0].table,
+                [(k.table, count, k.info, k.identity) for k, count in wanted],
+            )
+            if self._epoch != epoch and self._check_identities([k for k, _ in wanted]):
+                return [None] * len(wanted)  # a new connection reached a changed database
+            with self._lock:
+                for (known, count), mark, high, last in zip(wanted, marks, highs, lasts,
+                                                            strict=True):
+                    if last is None:
+                        out.append(None)
+                        continue
+                    step = known.info.increment
+                    block = range(last - (count - 1) * step, last + 1, step)
+                    if block.start <= high:
+                        # A rewind: burned here, healed (or refused) by the long way.
+                        out.append(None)
+                        continue
+                    self._issued += count
+                    mark.issued(block)
+                    out.append(block)
+        return out
+
+    def _check_identities(self, knowns: list[_Known]) -> bool:
+        """Compare many tables' identities with those last seen, in one round trip; a table
+        that changed is checked (and healed or refused) alone. Whether any changed."""
+        lives = self._round_trip(self._identities, knowns[0].table, [k.table for k in knowns])
+        changed = False
+        epoch, now = self._epoch, time.monotonic()
+        for known in knowns:
+            live = lives.get(known.table)
+            if live is not None and known.identity is not None and live.same(known.identity):
+                known.checked, known.epoch = now, epoch
+            else:
+                changed = self._check_identity(known) or changed
+        return changed
+
+    def _check_stride(self, table: TicketTable, info: TableInfo) -> None:
+        self._check_paused(table, info)
+        if self.stride is not None and (info.increment, info.offset) != self.stride:
+            increment, offset = self.stride
+            raise StrideMismatchError(
+                f"{self} has increment={info.increment}, offset={info.offset} for "
+                f"{table.label}, but its position needs increment={increment}, "
+                f"offset={offset}; fix the server (or the order of the servers) before "
+                "issuing ids, or ids would be duplicated"
+            )
+
     def record_identity(self, sequence: str | None, *, bits: int = 64) -> Identity | None:
         """Record the table's identity as it is now (after an operator moved the sequence above
         every id in use: ``sqlalchemy-tickets sync``), so that processes that refused to issue
@@ -566,15 +824,7 @@ class TicketServer:
         if info is None:
             # Flickr's table with no row yet; its stride comes from the server.
             info = TableInfo(*(self.stride or (1, 1)), None)
-        self._check_paused(table, info)
-        if self.stride is not None and (info.increment, info.offset) != self.stride:
-            increment, offset = self.stride
-            raise StrideMismatchError(
-                f"{self} has increment={info.increment}, offset={info.offset} for "
-                f"{table.label}, but its position needs increment={increment}, "
-                f"offset={offset}; fix the server (or the order of the servers) before "
-                "issuing ids, or ids would be duplicated"
-            )
+        self._check_stride(table, info)
         known = _Known(table, info)
         # Before the table is known here: a rewind with no floor to heal above raises, and
         # the next call checks again (after an operator's sync, it passes).
@@ -836,6 +1086,52 @@ class TicketServer:
 
     def _identity(self, cursor: Any, table: TicketTable) -> Identity | None:
         return self.backend.identity(cursor, self.engine.dialect, table)
+
+    def _identities(
+        self, cursor: Any, table: TicketTable, tables: list[TicketTable]
+    ) -> dict[TicketTable, Identity | None]:
+        return self.backend.identities(cursor, self.engine.dialect, tables)
+
+    def _describe_many(
+        self, cursor: Any, table: TicketTable, tables: list[TicketTable]
+    ) -> dict[TicketTable, TableInfo | None]:
+        return self.backend.describe_many(cursor, self.engine.dialect, tables)
+
+    def _together(self, cursor: Any, work: Callable[[], list[_R]]) -> list[_R]:
+        """``work()`` in one transaction on ``cursor`` (where the server takes transaction
+        blocks): many small writes, one commit."""
+        if not self._transactions:
+            return work()
+        cursor.execute("BEGIN")
+        try:
+            found = work()
+        except BaseException:
+            with contextlib.suppress(Exception):  # the connection is discarded anyway
+                cursor.execute("ROLLBACK")
+            raise
+        cursor.execute("COMMIT")
+        return found
+
+    def _take_many(
+        self,
+        cursor: Any,
+        table: TicketTable,
+        wanted: list[tuple[TicketTable, int, TableInfo, Identity | None]],
+    ) -> list[int | None]:
+        dialect = self.engine.dialect
+        return self._together(cursor, lambda: [
+            self.backend.take_block(cursor, dialect, t, count, info, identity)
+            for t, count, info, identity in wanted
+        ])
+
+    def _give_back_together(
+        self, cursor: Any, table: TicketTable, wanted: list[tuple[TicketTable, range, TableInfo]]
+    ) -> list[bool]:
+        dialect = self.engine.dialect
+        return self._together(cursor, lambda: [
+            self.backend.give_back_block(cursor, dialect, t, ids, info)
+            for t, ids, info in wanted
+        ])
 
     def _cluster(self, cursor: Any, table: TicketTable) -> str | None:
         return self.backend.cluster(cursor)
