@@ -223,21 +223,11 @@ def create_datacenter_tables(
 
 
 def _create(own: OwnEngine, names: TierTables) -> None:
+    from ..dialects._connect import create_under_lock
+
     # The creation lock is keyed by a table name: the state table's stands for both.
     lock = TicketTable(None, 64, names.state)
-    for attempt in (1, 2, 3):
-        try:
-            with own.connect() as conn, own.backend.creating(conn, lock, own.timeout):
-                for statement in own.backend.tier_statements(names):
-                    conn.execute(statement)
-            break
-        except sa_exc.IntegrityError:
-            # PostgreSQL: a creator that does not take the creation lock (a migration) won
-            # the race on the catalog; the next attempt finds the tables.
-            if attempt == 3:
-                raise
-        except sa_exc.DBAPIError as error:
-            raise own.unavailable(error) from error
+    create_under_lock(own, [lock], lambda conn: own.backend.tier_statements(names))
     logger.info("datacenter tier tables %s, %s ready on %s", names.stock, names.state,
                 own.url.render_as_string())
 
