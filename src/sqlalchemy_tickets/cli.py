@@ -378,6 +378,9 @@ def _init_arguments(sub: argparse.ArgumentParser) -> None:
     _server_arguments(sub)
     sub.add_argument("sequences", nargs="*", type=_sequence, metavar="SEQUENCE",
                      help="sequence names (none: Flickr's Tickets64, --bits 32: Tickets32)")
+    sub.add_argument("--from-file", metavar="PATH",
+                     help="also the sequence names in PATH, one per line (# starts a comment, "
+                     "blank lines are ignored; - reads standard input)")
     sub.add_argument("--bits", type=int, choices=(32, 64), default=64)
     sub.add_argument("--start", type=_int_between(1), default=1,
                      help="smallest first id (default 1)")
@@ -397,6 +400,8 @@ def _init_arguments(sub: argparse.ArgumentParser) -> None:
 
 def _init_check(args: argparse.Namespace) -> None:
     urls = resolve_urls(args)
+    if args.from_file is not None:
+        args.sequences = [*args.sequences, *_sequences_from_file(args.from_file)]
     n = len(urls)
     increment = args.increment if args.increment is not None else n
     if increment < n:
@@ -420,12 +425,50 @@ def _init_check(args: argparse.Namespace) -> None:
     args.stride_asked = n > 1 or args.increment is not None or args.offset is not None
 
 
+def _sequences_from_file(path: str) -> list[str]:
+    """The sequence names in ``path`` (``-``: standard input), one per line, each checked;
+    raises :class:`_Usage` naming the file and the line."""
+    shown = "standard input" if path == "-" else path
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            # utf-8-sig: a byte order mark some editors write is not part of the first name.
+            text = Path(path).read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise _Usage(f"--from-file {shown}: cannot read it: {reason}") from None
+    names: list[str] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        name = line.split("#", 1)[0].strip()
+        if not name:
+            continue
+        try:
+            normalize_sequence(name)
+        except TicketsError as error:
+            raise _Usage(f"--from-file {shown}, line {number}: {error}") from None
+        names.append(name)
+    if not names:
+        raise _Usage(f"--from-file {shown} names no sequence (one name per line; # starts a "
+                     "comment)")
+    return names
+
+
+def _unique(names: Iterable[str]) -> list[str]:
+    """``names`` without repeats (``Photos`` and ``photos`` are one sequence), first spelling
+    kept, in order."""
+    seen: dict[str | None, str] = {}
+    for name in names:
+        seen.setdefault(normalize_sequence(name), name)
+    return list(seen.values())
+
+
 @command("init", "create ticket tables (with several --url: server i gets increment N, "
          "offset i)", _init_arguments, check=_init_check, servers={})
 def _init(args: argparse.Namespace) -> int:
     servers: list[TicketServer] = args.servers
     alone = args.worker_leases or args.datacenter_tier  # no sequence named: only those tables
-    names: list[str | None] = list(args.sequences) or ([] if alone else [None])
+    names: list[str | None] = [*_unique(args.sequences)] or ([] if alone else [None])
     if args.stride_asked:
         # Each server knows its position: on the nodes of a Galera cluster, which replicate
         # every table, each position then has tables of its own.
@@ -441,15 +484,18 @@ def _init(args: argparse.Namespace) -> int:
             create_datacenter_tables(server.url, table_prefix=args.tier_prefix,
                                      timeout=server.timeout)
             print(f"datacenter tier: {tier.stock}, {tier.state} ready on {_shown(server.url)}")
+        stride = {"increment": increment, "offset": offset} if args.stride_asked else {}
+        created = set(server.create_tables(names, bits=args.bits, start=args.start, **stride))
         for name in names:
-            if args.stride_asked:
-                server.create(name, bits=args.bits, start=args.start,
-                              increment=increment, offset=offset)
-            else:
-                server.create(name, bits=args.bits, start=args.start)
-            table = server.describe(name, bits=args.bits)
             label = name or f"Tickets{args.bits}"
-            inc, off = (table.increment, table.offset) if table else (increment, offset)
+            if name is not None and (
+                ticket_table(name, args.bits, server.table_template).name in created
+            ):
+                inc, off = increment, offset  # made just now, with that stride
+            else:
+                # There before, or Flickr's (on MySQL/MariaDB, the server's stride).
+                table = server.describe(name, bits=args.bits)
+                inc, off = (table.increment, table.offset) if table else (increment, offset)
             if args.stride_asked and (inc, off) != (increment, offset):
                 raise TicketsError(
                     f"{label} on {_shown(server.url)} has increment {inc}, offset {off} after "

@@ -1,4 +1,5 @@
-"""Alembic support: ``op.create_ticket_table`` / ``op.drop_ticket_table``,
+"""Alembic support: ``op.create_ticket_table`` / ``op.drop_ticket_table`` (and
+``op.create_ticket_tables`` / ``op.drop_ticket_tables`` for many sequences at once),
 ``op.create_datacenter_tables`` / ``op.drop_datacenter_tables``, and autogenerate.
 
 With Alembic >= 1.18 everything is registered by the package's plugin, which Alembic loads
@@ -21,6 +22,8 @@ In a migration::
     op.create_ticket_table("Photos", increment=2, offset=2) # even ids: server 2 of an odd/even pair
     op.create_ticket_table(bits=32)                         # Flickr's Tickets32
     op.drop_ticket_table("Photos")
+    op.create_ticket_tables(["Orders", "Invoices"])         # many sequences, one stride
+    op.drop_ticket_tables(["Orders", "Invoices"])
     op.sync_ticket_sequence("Photos", "photos", "id")       # above max(photos.id): a cut-over
     op.create_datacenter_tables()                           # tickets_dc__stock, __state
     op.drop_datacenter_tables(table_prefix="tickets_eu")
@@ -53,9 +56,11 @@ from .compare import include_object, is_ticket_table_name, ticket_tables
 from .ops import (
     CreateDatacenterTablesOp,
     CreateTicketTableOp,
+    CreateTicketTablesOp,
     CreateWorkerLeaseTableOp,
     DropDatacenterTablesOp,
     DropTicketTableOp,
+    DropTicketTablesOp,
     DropWorkerLeaseTableOp,
     RestrideTicketTableOp,
     SyncTicketSequenceOp,
@@ -66,10 +71,12 @@ plugin.register()
 __all__ = [
     "CreateDatacenterTablesOp",
     "CreateTicketTableOp",
+    "CreateTicketTablesOp",
     "CreateWorkerLeaseTableOp",
     "DropDatacenterTablesOp",
     "DropWorkerLeaseTableOp",
     "DropTicketTableOp",
+    "DropTicketTablesOp",
     "RestrideTicketTableOp",
     "SyncTicketSequenceOp",
     "include_object",

@@ -1,4 +1,4 @@
-"""The ``create_ticket_table`` / ``drop_ticket_table`` migration operations.
+"""The ``create_ticket_table`` / ``drop_ticket_table`` migration operations, and the others.
 
 Importing :mod:`sqlalchemy_tickets.alembic` registers them on Alembic's ``Operations``, so a
 migration script can say::
@@ -9,8 +9,10 @@ migration script can say::
         op.create_ticket_table("Photos")                            # tickets__photos
         op.create_ticket_table("Photos", increment=2, offset=2)     # even ids (server 2 of 2)
         op.create_ticket_table(bits=32)                             # Flickr's Tickets32
+        op.create_ticket_tables(["Orders", "Invoices"])            # many at once
 
     def downgrade():
+        op.drop_ticket_tables(["Orders", "Invoices"])
         op.drop_ticket_table("Photos")
 
 Arguments are validated when the operation is built, before any SQL is emitted or written.
@@ -19,6 +21,7 @@ Arguments are validated when the operation is built, before any SQL is emitted o
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from alembic.operations import MigrateOperation, Operations
@@ -28,6 +31,7 @@ from .._naming import (
     DEFAULT_TIER_PREFIX,
     TicketTable,
     TierTables,
+    check_bits,
     check_stride,
     check_table_template,
     ticket_table,
@@ -39,10 +43,12 @@ from ..errors import TicketsError
 __all__ = [
     "CreateDatacenterTablesOp",
     "CreateTicketTableOp",
+    "CreateTicketTablesOp",
     "CreateWorkerLeaseTableOp",
     "DropDatacenterTablesOp",
     "DropWorkerLeaseTableOp",
     "DropTicketTableOp",
+    "DropTicketTablesOp",
     "RestrideTicketTableOp",
     "SyncTicketSequenceOp",
 ]
@@ -71,15 +77,27 @@ class _TicketTableOp(MigrateOperation):
 
     def render_kwargs(self) -> dict[str, Any]:
         """Keyword arguments that differ from the defaults (what autogenerate writes)."""
-        kw: dict[str, Any] = {}
-        if self.bits != 64:
-            kw["bits"] = self.bits
-        if self.table_template != DEFAULT_TABLE_TEMPLATE:
-            kw["table_template"] = self.table_template
-        return kw
+        return _width_kwargs(self.bits, self.table_template)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.table_name}>"
+
+
+def _width_kwargs(bits: int, table_template: str) -> dict[str, Any]:
+    kw: dict[str, Any] = {}
+    if bits != 64:
+        kw["bits"] = bits
+    if table_template != DEFAULT_TABLE_TEMPLATE:
+        kw["table_template"] = table_template
+    return kw
+
+
+def _stride_kwargs(start: int, increment: int, offset: int) -> dict[str, Any]:
+    return {
+        name: value
+        for name, value in (("start", start), ("increment", increment), ("offset", offset))
+        if value != 1
+    }
 
 
 @Operations.register_operation("create_ticket_table")
@@ -159,12 +177,8 @@ class CreateTicketTableOp(_TicketTableOp):
         return ("add_ticket_table", self.ticket_table)
 
     def render_kwargs(self) -> dict[str, Any]:
-        kw = super().render_kwargs()
-        for name, default in (("start", 1), ("increment", 1), ("offset", 1)):
-            value = getattr(self, name)
-            if value != default:
-                kw[name] = value
-        return kw
+        stride = _stride_kwargs(self.start, self.increment, self.offset)
+        return {**super().render_kwargs(), **stride}
 
 
 @Operations.register_operation("drop_ticket_table")
@@ -203,6 +217,184 @@ class DropTicketTableOp(_TicketTableOp):
 
     def to_diff_tuple(self) -> tuple[Any, ...]:
         return ("remove_ticket_table", self.ticket_table)
+
+
+class _TicketTablesOp(MigrateOperation):
+    """What both operations on many sequences share: which sequences, at which width, under
+    which table template."""
+
+    def __init__(
+        self,
+        sequences: Iterable[str | None],
+        *,
+        bits: int = 64,
+        table_template: str = DEFAULT_TABLE_TEMPLATE,
+    ) -> None:
+        if isinstance(sequences, (str, bytes)):
+            raise TicketsError(
+                f"sequences must be a list of names, not the string {sequences!r} "
+                "(op.create_ticket_tables([name]), or op.create_ticket_table(name))"
+            )
+        self.table_template = check_table_template(table_template)
+        self.bits = check_bits(bits)
+        #: The names as given (what autogenerate writes).
+        self.sequences: list[str | None] = list(sequences)
+        # Validates every name (TicketsError for anything but a plain identifier); a sequence
+        # named twice ("Photos", "photos") is one table.
+        tables: dict[str, TicketTable] = {}
+        for sequence in self.sequences:
+            table = ticket_table(sequence, self.bits, self.table_template)
+            tables.setdefault(table.name, table)
+        self.ticket_tables: list[TicketTable] = list(tables.values())
+
+    @property
+    def table_names(self) -> list[str]:
+        """The names of the ticket tables, each once, in the order of ``sequences``."""
+        return [table.name for table in self.ticket_tables]
+
+    def render_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments that differ from the defaults (what autogenerate writes)."""
+        return _width_kwargs(self.bits, self.table_template)
+
+    def __repr__(self) -> str:
+        names = self.table_names
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        return f"<{type(self).__name__} {shown}>"
+
+
+@Operations.register_operation("create_ticket_tables")
+class CreateTicketTablesOp(_TicketTablesOp):
+    """Create the ticket tables of many sequences, all with one stride: what
+    :class:`CreateTicketTableOp` does for each, in one operation (see
+    :meth:`create_ticket_tables` for how it uses the migration's transaction)."""
+
+    def __init__(
+        self,
+        sequences: Iterable[str | None],
+        *,
+        bits: int = 64,
+        start: int = 1,
+        increment: int = 1,
+        offset: int = 1,
+        table_template: str = DEFAULT_TABLE_TEMPLATE,
+    ) -> None:
+        super().__init__(sequences, bits=bits, table_template=table_template)
+        check_stride(start, increment, offset, self.bits)
+        self.start = start
+        self.increment = increment
+        self.offset = offset
+
+    @property
+    def specs(self) -> list[TableSpec]:
+        """What the backend needs to build each table's DDL and seed row."""
+        return [
+            TableSpec(table, self.start, self.increment, self.offset)
+            for table in self.ticket_tables
+        ]
+
+    @classmethod
+    def create_ticket_tables(
+        cls,
+        operations: Operations,
+        sequences: Iterable[str | None],
+        *,
+        bits: int = 64,
+        start: int = 1,
+        increment: int = 1,
+        offset: int = 1,
+        table_template: str = DEFAULT_TABLE_TEMPLATE,
+    ) -> None:
+        """Create the ticket tables of ``sequences`` and their seed rows (those that exist
+        are left as they are), as :meth:`create_ticket_table` does for one. Every name is
+        checked before any SQL is emitted or written.
+
+        **Transactions.** Online, the tables are created in the migration's transaction, as
+        any other operation's DDL: on PostgreSQL the migration stays all or nothing, but each
+        new table holds two slots of the server's shared lock table until COMMIT, and there
+        are ``max_locks_per_transaction`` (64) x ``max_connections`` (100) of them by default
+        — a migration creating more than about 1,500 tables (fewer beside other work) fails
+        with "out of shared memory". For thousands of tables, either raise
+        ``max_locks_per_transaction``, split them over several migrations, or run the
+        operation in an autocommit block, where it commits in batches of 100 tables, each
+        created under the same creation locks as ``TicketServer.create_tables`` (so running
+        clients never see a table without its row)::
+
+            with op.get_context().autocommit_block():
+                op.create_ticket_tables(names)
+
+        (An autocommit block first commits what the migration did before it: Alembic
+        recommends ``transaction_per_migration=True`` with it.) The operation does not
+        commit on its own: a migration's transaction is its author's to end. Offline
+        (``--sql``) the script holds every statement, in the script's transaction.
+
+        :param sequences: sequence names (case-insensitive); ``None`` is Flickr's
+            ``Tickets64`` (``bits=32``: ``Tickets32``).
+        :param bits, start, increment, offset, table_template: as for
+            :meth:`create_ticket_table`, the same for every table.
+        """
+        op = cls(
+            sequences,
+            bits=bits,
+            start=start,
+            increment=increment,
+            offset=offset,
+            table_template=table_template,
+        )
+        operations.invoke(op)
+
+    def reverse(self) -> DropTicketTablesOp:
+        return DropTicketTablesOp(
+            self.sequences, bits=self.bits, table_template=self.table_template, _reverse=self
+        )
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        return ("add_ticket_tables", tuple(self.ticket_tables))
+
+    def render_kwargs(self) -> dict[str, Any]:
+        stride = _stride_kwargs(self.start, self.increment, self.offset)
+        return {**super().render_kwargs(), **stride}
+
+
+@Operations.register_operation("drop_ticket_tables")
+class DropTicketTablesOp(_TicketTablesOp):
+    """Drop the ticket tables of many sequences (those that exist). Their ids are gone with
+    them."""
+
+    def __init__(
+        self,
+        sequences: Iterable[str | None],
+        *,
+        bits: int = 64,
+        table_template: str = DEFAULT_TABLE_TEMPLATE,
+        _reverse: CreateTicketTablesOp | None = None,
+    ) -> None:
+        super().__init__(sequences, bits=bits, table_template=table_template)
+        self._reverse = _reverse
+
+    @classmethod
+    def drop_ticket_tables(
+        cls,
+        operations: Operations,
+        sequences: Iterable[str | None],
+        *,
+        bits: int = 64,
+        table_template: str = DEFAULT_TABLE_TEMPLATE,
+    ) -> None:
+        """Drop the ticket tables of ``sequences``, as :meth:`drop_ticket_table` does for one.
+        Online in the migration's transaction, each dropped table holds lock slots until
+        COMMIT as a created one does (see :meth:`create_ticket_tables`); in an autocommit
+        block each statement commits at once."""
+        operations.invoke(cls(sequences, bits=bits, table_template=table_template))
+
+    def reverse(self) -> CreateTicketTablesOp:
+        if self._reverse is not None:
+            return self._reverse
+        return CreateTicketTablesOp(
+            self.sequences, bits=self.bits, table_template=self.table_template
+        )
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        return ("remove_ticket_tables", tuple(self.ticket_tables))
 
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}\Z")

@@ -1,8 +1,9 @@
 """How autogenerate writes the library's operations and column types into a migration script.
 
 ``op.create_ticket_table('photos')``, ``op.create_ticket_table(bits=32)``,
-``op.drop_ticket_table('photos')``, ``op.sync_ticket_sequence('photos', 'photos', 'id')``,
-``op.create_datacenter_tables()`` — arguments at their defaults are left out. A script with one
+``op.drop_ticket_table('photos')``, ``op.create_ticket_tables(['orders', 'invoices'])``,
+``op.sync_ticket_sequence('photos', 'photos', 'id')``, ``op.create_datacenter_tables()`` —
+arguments at their defaults are left out. A script with one
 of them also gets ``import sqlalchemy_tickets.alembic``, which registers the operations when it
 runs (a project on Alembic < 1.18 may not import the package in ``env.py`` at upgrade time).
 
@@ -23,8 +24,10 @@ from alembic.autogenerate.render import renderers
 from .ops import (
     CreateDatacenterTablesOp,
     CreateTicketTableOp,
+    CreateTicketTablesOp,
     DropDatacenterTablesOp,
     DropTicketTableOp,
+    DropTicketTablesOp,
     SyncTicketSequenceOp,
     _NoOp,
 )
@@ -70,6 +73,16 @@ def render_create_ticket_table(autogen_context: AutogenContext, op: CreateTicket
 @renderers.dispatch_for(DropTicketTableOp)
 def render_drop_ticket_table(autogen_context: AutogenContext, op: DropTicketTableOp) -> str:
     return _call(autogen_context, "drop_ticket_table", _sequence(op.sequence), op.render_kwargs())
+
+
+@renderers.dispatch_for(CreateTicketTablesOp)
+def render_create_ticket_tables(autogen_context: AutogenContext, op: CreateTicketTablesOp) -> str:
+    return _call(autogen_context, "create_ticket_tables", [op.sequences], op.render_kwargs())
+
+
+@renderers.dispatch_for(DropTicketTablesOp)
+def render_drop_ticket_tables(autogen_context: AutogenContext, op: DropTicketTablesOp) -> str:
+    return _call(autogen_context, "drop_ticket_tables", [op.sequences], op.render_kwargs())
 
 
 @renderers.dispatch_for(SyncTicketSequenceOp)

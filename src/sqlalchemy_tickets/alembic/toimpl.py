@@ -1,16 +1,23 @@
 """How the ticket-table operations run: online on the migration's connection, offline as SQL text.
 
 The statements come from the backend of the migration's dialect (the same DDL and seed row that
-:meth:`TicketServer.create <sqlalchemy_tickets.TicketServer.create>` runs) and go through
-``operations.execute`` one by one, so that ``alembic upgrade --sql`` prints them. Online, the
-backend's ``check_create`` runs first (on MySQL/MariaDB it compares a Flickr table's requested
-stride with the server's ``auto_increment_increment``/``auto_increment_offset`` and raises
-:class:`~sqlalchemy_tickets.StrideMismatchError` before anything is created); offline there is
-no server to ask, so the check is written into the script as a comment instead.
+:meth:`TicketServer.create_tables <sqlalchemy_tickets.TicketServer.create_tables>` runs) and go
+through ``operations.execute`` one by one, so that ``alembic upgrade --sql`` prints them. Online,
+the backend's ``check_create`` runs first (on MySQL/MariaDB it compares a Flickr table's
+requested stride with the server's ``auto_increment_increment``/``auto_increment_offset`` and
+raises :class:`~sqlalchemy_tickets.StrideMismatchError` before anything is created), and tables
+that exist are left out; offline there is no server to ask, so the check is written into the
+script as a comment instead, and every table's statements are written (each safe to run when
+its table exists).
+
+Online, the statements share the migration's transaction, unless the operation runs in
+``op.get_context().autocommit_block()``: there tables are created in batches, each batch one
+transaction under the tables' creation locks, as ``TicketServer.create_tables`` does.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -23,14 +30,20 @@ from ..sources.lease import drop_lease_table_statements, lease_table_statements
 from .ops import (
     CreateDatacenterTablesOp,
     CreateTicketTableOp,
+    CreateTicketTablesOp,
     CreateWorkerLeaseTableOp,
     DropDatacenterTablesOp,
     DropTicketTableOp,
+    DropTicketTablesOp,
     DropWorkerLeaseTableOp,
     RestrideTicketTableOp,
     SyncTicketSequenceOp,
     _NoOp,
 )
+
+#: Seconds a batch created in an autocommit block waits for another creator's locks (a
+#: migration has no timeout of its own; the ticket servers' clients hold them for milliseconds).
+LOCK_WAIT = 60.0
 
 
 def _backend(operations: Operations) -> TicketBackend:
@@ -56,6 +69,11 @@ def _emit(operations: Operations, statement: sa.sql.Executable) -> None:
     operations.execute(statement)
 
 
+def _emit_all(operations: Operations, statements: Iterable[sa.sql.Executable]) -> None:
+    for statement in statements:
+        _emit(operations, statement)
+
+
 def _comment(operations: Operations, text: str) -> None:
     context = operations.get_context()
     if context.as_sql:
@@ -65,18 +83,39 @@ def _comment(operations: Operations, text: str) -> None:
 
 @Operations.implementation_for(CreateTicketTableOp)
 def create_ticket_table(operations: Operations, operation: CreateTicketTableOp) -> None:
+    _create_ticket_tables(operations, [operation.spec])
+
+
+@Operations.implementation_for(CreateTicketTablesOp)
+def create_ticket_tables(operations: Operations, operation: CreateTicketTablesOp) -> None:
+    _create_ticket_tables(operations, operation.specs)
+
+
+def _create_ticket_tables(operations: Operations, specs: Sequence[TableSpec]) -> None:
     backend = _backend(operations)
-    spec = operation.spec
     # Build every statement before running any: a spec the backend refuses (e.g. a stride on a
     # Flickr table where the server cannot supply one) fails with nothing written.
-    statements = backend.create_statements(spec)
-    context = operations.get_context()
-    if context.as_sql:
-        _offline_stride_note(operations, backend, spec)
-    else:
-        backend.check_create(operations.get_bind(), spec)
-    for statement in statements:
-        _emit(operations, statement)
+    statements = {spec.table.name: backend.create_statements(spec) for spec in specs}
+    if operations.get_context().as_sql:
+        for spec in specs:
+            _offline_stride_note(operations, backend, spec)
+            _emit_all(operations, statements[spec.table.name])
+        return
+    bind = operations.get_bind()
+    for spec in specs:
+        backend.check_create(bind, spec)
+    existing = backend.existing_tables(bind, list(statements))
+    missing = [spec for spec in specs if spec.table.name not in existing]
+    if bind.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+        for spec in missing:
+            _emit_all(operations, statements[spec.table.name])
+        return
+    # In an autocommit block: batches, each created and seeded as one step for other clients.
+    for at in range(0, len(missing), backend.create_batch):
+        batch = missing[at : at + backend.create_batch]
+        with backend.creating(bind, [spec.table for spec in batch], LOCK_WAIT):
+            for spec in batch:
+                _emit_all(operations, statements[spec.table.name])
 
 
 def _offline_stride_note(operations: Operations, backend: TicketBackend, spec: TableSpec) -> None:
@@ -98,8 +137,14 @@ def _offline_stride_note(operations: Operations, backend: TicketBackend, spec: T
 @Operations.implementation_for(DropTicketTableOp)
 def drop_ticket_table(operations: Operations, operation: DropTicketTableOp) -> None:
     backend = _backend(operations)
-    for statement in backend.drop_statements(TableSpec(operation.ticket_table)):
-        _emit(operations, statement)
+    _emit_all(operations, backend.drop_statements(TableSpec(operation.ticket_table)))
+
+
+@Operations.implementation_for(DropTicketTablesOp)
+def drop_ticket_tables(operations: Operations, operation: DropTicketTablesOp) -> None:
+    backend = _backend(operations)
+    specs = [TableSpec(table) for table in operation.ticket_tables]
+    _emit_all(operations, backend.drop_statements(*specs))
 
 
 @Operations.implementation_for(SyncTicketSequenceOp)
@@ -135,29 +180,25 @@ def _no_op(operations: Operations, operation: _NoOp) -> None:
 
 @Operations.implementation_for(CreateWorkerLeaseTableOp)
 def create_worker_lease_table(operations: Operations, operation: CreateWorkerLeaseTableOp) -> None:
-    for statement in lease_table_statements(name=operation.name):
-        _emit(operations, statement)
+    _emit_all(operations, lease_table_statements(name=operation.name))
 
 
 @Operations.implementation_for(DropWorkerLeaseTableOp)
 def drop_worker_lease_table(operations: Operations, operation: DropWorkerLeaseTableOp) -> None:
-    for statement in drop_lease_table_statements(name=operation.name):
-        _emit(operations, statement)
+    _emit_all(operations, drop_lease_table_statements(name=operation.name))
 
 
 @Operations.implementation_for(CreateDatacenterTablesOp)
 def create_datacenter_tables(operations: Operations, operation: CreateDatacenterTablesOp) -> None:
     dialect = operations.get_context().dialect.name
-    for statement in datacenter_table_statements(
+    _emit_all(operations, datacenter_table_statements(
         dialect=dialect, table_prefix=operation.table_prefix
-    ):
-        _emit(operations, statement)
+    ))
 
 
 @Operations.implementation_for(DropDatacenterTablesOp)
 def drop_datacenter_tables(operations: Operations, operation: DropDatacenterTablesOp) -> None:
     dialect = operations.get_context().dialect.name
-    for statement in drop_datacenter_table_statements(
+    _emit_all(operations, drop_datacenter_table_statements(
         dialect=dialect, table_prefix=operation.table_prefix
-    ):
-        _emit(operations, statement)
+    ))

@@ -34,8 +34,8 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, TypeVar, Union
 
 import sqlalchemy as sa
@@ -44,7 +44,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Dialect, Engine, make_url
 
 from .. import _process
-from .._naming import check_seconds
+from .._naming import TicketTable, check_seconds
 from ..errors import DatabaseUnavailable, TicketsError
 from ._driven import CONNECT_TIMEOUT, driven_url
 from .base import ConnectParams, TicketBackend, backend_for
@@ -61,6 +61,7 @@ __all__ = [
     "OwnEngine",
     "Watchdog",
     "bounded_call",
+    "create_under_lock",
     "watchdog",
 ]
 
@@ -204,6 +205,29 @@ def _listen_for_inheritance(app_engine: Engine) -> None:
 
 
 # -- the library's own engine ----------------------------------------------------------------
+
+
+class _Clock:
+    """The watchdog's clock on one unit of work of an :class:`OwnEngine`'s connection."""
+
+    def __init__(self, own: OwnEngine, dbapi_connection: Any) -> None:
+        self._own = own
+        self._dbapi_connection = dbapi_connection
+        self._token = own.arm(dbapi_connection)
+        #: Whether the unit overran and the connection was cut.
+        self.cut = False
+
+    def restart(self, *_: Any) -> None:
+        """Give what follows the whole timeout again (a ``before_cursor_execute`` listener)."""
+        if self.stop():
+            self._token = self._own.arm(self._dbapi_connection)
+
+    def stop(self) -> bool:
+        """Stop the clock; ``False`` if the unit overran (now or before) and was cut."""
+        token, self._token = self._token, None
+        if not self._own.disarm(token):
+            self.cut = True
+        return not self.cut
 
 
 def engine_of(bind: object) -> Engine | None:
@@ -384,27 +408,31 @@ class OwnEngine:
         return token is None or watchdog.disarm(token)
 
     @contextmanager
-    def connect(self) -> Iterator[sa.Connection]:
+    def connect(self, *, each_statement: bool = False) -> Iterator[sa.Connection]:
         """An autocommit ``Connection`` for one bounded unit of work.
 
-        The whole unit (connect included) gets ``timeout`` seconds. A database that refuses,
-        drops or outlives the timeout raises the ``unavailable`` error; other database errors
-        (a constraint, a missing table) propagate as SQLAlchemy raised them.
+        The whole unit (connect included) gets ``timeout`` seconds; with ``each_statement``,
+        each statement (and the work before it) gets them, for a unit of many statements
+        (tables created in batches) that a server answering every one of them in time may
+        take longer than that over. A database that refuses, drops or outlives the timeout
+        raises the ``unavailable`` error; other database errors (a constraint, a missing
+        table) propagate as SQLAlchemy raised them.
         """
         with self._connecting():
             conn = self.engine.connect()
-        token = self.arm(conn.connection.dbapi_connection)
+        clock = _Clock(self, conn.connection.dbapi_connection)
+        if each_statement:
+            event.listen(conn, "before_cursor_execute", clock.restart)
         try:
             yield conn
         except sa_exc.DBAPIError as error:
-            cut = not self.disarm(token)
-            token = None
+            cut = not clock.stop()
             if cut or error.connection_invalidated:
                 conn.invalidate()
                 raise self._error(error, cut) from error
             raise
         finally:
-            if not self.disarm(token):
+            if not clock.stop() and not conn.invalidated:
                 conn.invalidate()  # it overran while finishing: never reuse a cut socket
             conn.close()
 
@@ -427,3 +455,63 @@ class OwnEngine:
         """Close the pool's connections (``close=False`` in a forked child: they are the
         parent's)."""
         self.engine.dispose(close=close)
+
+
+# -- creating tables ---------------------------------------------------------------------------
+
+#: Times a creation runs in all when a concurrent creator that takes no creation lock (a
+#: migration) keeps winning the race on the catalog.
+_CREATE_ATTEMPTS = 3
+
+
+def create_under_lock(
+    own: OwnEngine,
+    tables: Sequence[TicketTable],
+    statements: Callable[[sa.Connection], Iterable[sa.sql.Executable]],
+    *,
+    transactions: bool = True,
+) -> bool:
+    """Run ``statements(connection)`` on one of ``own``'s connections as one step for every
+    other client: under the creation locks of ``tables`` (:meth:`TicketBackend.creating`:
+    concurrent creators of any of them wait), in one transaction where DDL is transactional.
+
+    ``statements`` is called once the locks are held, so it may look at what is there by then;
+    every statement it returns must be safe to run again (``IF NOT EXISTS``, an idempotent
+    seed). A concurrent creator that takes no creation lock (a migration) may win the race on
+    the catalog (PostgreSQL: an ``IntegrityError``): the step runs again, and finds its tables.
+    ``transactions=False``: each statement on its own, without locks, for a database that
+    refuses transaction blocks (PgBouncer in statement pooling), which is also found out here.
+
+    Returns whether transaction blocks work (``False`` once they were refused: pass it next
+    time). Raises ``own``'s unavailable error when the database refuses, drops or outlives
+    the timeout, or when a lock does not come within it.
+    """
+    backend = own.backend
+    conflicts = 0
+    while True:
+        try:
+            with own.connect(each_statement=True) as conn:
+                guard = (
+                    backend.creating(conn, tables, own.timeout) if transactions else nullcontext()
+                )
+                with guard:
+                    for statement in statements(conn):
+                        conn.execute(statement)
+            return transactions
+        except sa_exc.IntegrityError:
+            conflicts += 1
+            if conflicts == _CREATE_ATTEMPTS:
+                raise
+            logger.debug("%s: created concurrently; again", ", ".join(t.name for t in tables))
+        except (sa_exc.DBAPIError, DatabaseUnavailable) as error:
+            orig = getattr(error, "orig", None) or getattr(error.__cause__, "orig", None)
+            if transactions and backend.refuses_transactions(orig):
+                logger.info(
+                    "%s refuses transaction blocks (PgBouncer in statement pooling?): "
+                    "creating tables statement by statement", own.url.render_as_string()
+                )
+                transactions = False
+                continue
+            if isinstance(error, DatabaseUnavailable):
+                raise
+            raise own.unavailable(error) from error

@@ -482,15 +482,22 @@ class TicketBackend:
             statements.append(self.insert_seed(table, row))
         return statements
 
-    def drop_statements(self, spec: TableSpec) -> list[sa.sql.Executable]:
-        """DDL dropping a ticket table, and forgetting its recorded identity: a table dropped
-        on purpose and made again later is a new sequence, not a rewind."""
+    def drop_statements(self, *specs: TableSpec) -> list[sa.sql.Executable]:
+        """DDL dropping ticket tables, and forgetting their recorded identities: a table
+        dropped on purpose and made again later is a new sequence, not a rewind."""
         stamps = self.stamp_table()
-        return [
-            sa.schema.DropTable(self.table(spec), if_exists=True),
-            sa.schema.CreateTable(stamps, if_not_exists=True),
-            sa.delete(stamps).where(stamps.c.name == spec.table.name),
+        statements: list[sa.sql.Executable] = [
+            sa.schema.DropTable(self.table(spec), if_exists=True) for spec in specs
         ]
+        if not specs:
+            return statements
+        statements.append(sa.schema.CreateTable(stamps, if_not_exists=True))
+        names = [spec.table.name for spec in specs]
+        for at in range(0, len(names), _NAMES_PER_STATEMENT):
+            chunk = names[at : at + _NAMES_PER_STATEMENT]
+            which = stamps.c.name == chunk[0] if len(chunk) == 1 else stamps.c.name.in_(chunk)
+            statements.append(sa.delete(stamps).where(which))
+        return statements
 
     def stride_of(self, t: sa.Table) -> tuple[sa.ColumnElement[int], sa.ColumnElement[int]]:
         """SQL expressions for a table's increment and offset."""
@@ -532,12 +539,23 @@ class TicketBackend:
 
     @contextmanager
     def creating(
-        self, connection: sa.Connection, table: TicketTable, timeout: float
+        self, connection: sa.Connection, tables: Sequence[TicketTable], timeout: float
     ) -> Iterator[None]:
-        """Make creating and seeding ``table`` on ``connection`` (in autocommit) one step for
-        every other client: concurrent creators wait for each other, and no reader sees the
-        table without its row where the database allows it. Waits at most ``timeout`` s."""
+        """Make creating and seeding ``tables`` on ``connection`` (in autocommit) one step for
+        every other client: concurrent creators of any of them wait for each other, and no
+        reader sees a table without its row where the database allows it. The tables' locks
+        are taken in one order for every creator, so creators of overlapping lists wait,
+        never deadlock. Each wait lasts at most ``timeout`` s."""
         yield
+
+    #: The most ticket tables :meth:`creating` covers at once (one transaction, where DDL is
+    #: transactional): what one batch of ``TicketServer.create_tables`` may hold.
+    create_batch: ClassVar[int] = 100
+
+    def existing_tables(self, connection: sa.Connection, names: Sequence[str]) -> set[str]:
+        """Those of ``names`` that are tables of the database, spelled as given, by the
+        database's rules for table names: one catalog query, whatever the number of names."""
+        raise NotImplementedError
 
     # -- identity (rewinds) --------------------------------------------------------------
 
@@ -681,19 +699,21 @@ class TicketBackend:
     def drop_tier_statements(self, names: TierTables) -> list[sa.sql.Executable]:
         return [sa.schema.DropTable(t, if_exists=True) for t in reversed(self.tier_tables(names))]
 
-    def add_missing_columns(self, connection: sa.Connection, table: sa.Table) -> list[str]:
-        """``ALTER TABLE ... ADD COLUMN`` for the columns of ``table`` its database lacks (a
-        datacenter tier's tables made by an older release); the names added."""
+    def missing_columns(
+        self, connection: sa.Connection, table: sa.Table
+    ) -> list[tuple[str, sa.sql.Executable]]:
+        """``(name, ALTER TABLE ... ADD COLUMN)`` for each column of ``table`` its database
+        lacks (a datacenter tier's tables made by an older release)."""
         present = {c["name"] for c in sa.inspect(connection).get_columns(table.name)}
-        quote = connection.dialect.identifier_preparer.format_table
-        added = []
-        for column in table.columns:
-            if column.name in present:
-                continue
-            spec = sa.schema.CreateColumn(column).compile(dialect=connection.dialect)
-            connection.exec_driver_sql(f"ALTER TABLE {quote(table)} ADD COLUMN {spec}")
-            added.append(column.name)
-        return added
+        quoted = connection.dialect.identifier_preparer.format_table(table)
+        return [
+            (column.name, sa.text(
+                f"ALTER TABLE {quoted} ADD COLUMN "
+                f"{sa.schema.CreateColumn(column).compile(dialect=connection.dialect)}"
+            ))
+            for column in table.columns
+            if column.name not in present
+        ]
 
     def least(self, a: Any, b: Any) -> sa.ColumnElement[int]:
         """The smaller of two integer expressions."""
@@ -1054,6 +1074,10 @@ def last_id_below(first: Any, increment: Any, offset: Any) -> Any:
     ``offset`` (mod ``increment``) — in SQL or in Python. ``(x % n + n) % n`` because ``%``
     keeps the sign of ``x`` on these databases."""
     return first + ((offset - first) % increment + increment) % increment - increment
+
+
+#: Names bound in one ``IN (...)`` list: well under every backend's limit on parameters.
+_NAMES_PER_STATEMENT = 500
 
 
 def lock_key(table: TicketTable) -> int:

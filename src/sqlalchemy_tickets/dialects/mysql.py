@@ -163,27 +163,43 @@ class MySQLBackend(TicketBackend):
 
     @contextmanager
     def creating(
-        self, connection: sa.Connection, table: TicketTable, timeout: float
+        self, connection: sa.Connection, tables: Sequence[TicketTable], timeout: float
     ) -> Iterator[None]:
-        # DDL commits at once here, so the table can be seen before its row: creators take a
-        # named lock so that one creates and seeds while the others wait, and a reader that
-        # finds the table without its row comes through here too (the seed is idempotent).
-        name = _lock_name(table)
-        got = connection.execute(
-            sa.text("SELECT GET_LOCK(:name, :timeout)"),
-            {"name": name, "timeout": max(1, int(timeout))},
-        ).scalar()
-        if got != 1:
-            raise TicketServerUnavailable(
-                f"waited {timeout:g} s for another client creating {table.name}; try again"
-            )
+        # DDL commits at once here, so a table can be seen before its row: creators take a
+        # named lock per table so that one creates and seeds while the others wait, and a
+        # reader that finds the table without its row comes through here too (the seed is
+        # idempotent). One lock at a time, in the order of their names, stopping at the
+        # first that does not come: a session may hold several.
+        by_lock = {_lock_name(table): table for table in tables}
+        held: list[str] = []
         try:
+            for name in sorted(by_lock):
+                got = connection.execute(
+                    sa.text("SELECT GET_LOCK(:name, :timeout)"),
+                    {"name": name, "timeout": max(1, int(timeout))},
+                ).scalar()
+                if got != 1:
+                    raise TicketServerUnavailable(
+                        f"waited {timeout:g} s for another client creating "
+                        f"{by_lock[name].name}; try again"
+                    )
+                held.append(name)
             yield
         finally:
-            try:
-                connection.execute(sa.text("SELECT RELEASE_LOCK(:name)"), {"name": name})
-            except Exception:  # a dropped connection releases its locks itself
-                pass
+            if held:
+                try:
+                    connection.execute(sa.select(*(sa.func.release_lock(n) for n in held)))
+                except Exception:  # a dropped connection releases its locks itself
+                    pass
+
+    def existing_tables(self, connection: sa.Connection, names: Sequence[str]) -> set[str]:
+        found = {
+            str(name).lower()
+            for name in connection.execute(_EXISTING, {"names": list(names)}).scalars()
+        }
+        # Compared without case, as the catalog compares them: with lower_case_table_names
+        # the server keeps Tickets64 as tickets64.
+        return {name for name in names if name.lower() in found}
 
     def tier_take(
         self,
@@ -393,6 +409,13 @@ def _keep(name: str, value: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
 
 def _kept(name: str) -> sa.ColumnElement[Any]:
     return sa.literal_column(f"@tickets_{name}", sa.BigInteger)
+
+
+#: Only the names: the server reads them from the data dictionary without opening the tables.
+_EXISTING = sa.text(
+    "SELECT TABLE_NAME FROM information_schema.TABLES "
+    "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN :names"
+).bindparams(sa.bindparam("names", expanding=True))
 
 
 def _lock_name(table: TicketTable) -> str:

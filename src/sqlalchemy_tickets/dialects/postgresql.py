@@ -44,6 +44,16 @@ _RETRYABLE_STATES = frozenset({"40001", "40P01", "57014", "57P01", "57P02", "57P
 _DRIVER_MODULES = ("psycopg", "psycopg2", "asyncpg", "sqlalchemy.dialects.postgresql.asyncpg")
 
 
+_LOCK_ALL = sa.text(
+    "SELECT pg_advisory_xact_lock(:cls, key) FROM unnest(CAST(:keys AS integer[])) AS key"
+).bindparams(sa.bindparam("keys", type_=postgresql.ARRAY(sa.Integer)))
+
+_EXISTING = sa.text(
+    "SELECT name FROM unnest(CAST(:names AS text[])) AS name "
+    "WHERE to_regclass(quote_ident(name)) IS NOT NULL"
+).bindparams(sa.bindparam("names", type_=postgresql.ARRAY(sa.Text)))
+
+
 #: The timeline this server writes on now: the first 8 hex digits of the current WAL file's
 #: name. ``pg_control_checkpoint()`` lags behind a promotion until the next checkpoint.
 _TIMELINE = "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"
@@ -212,17 +222,25 @@ class PostgreSQLBackend(ReturningBackend):
 
     @contextmanager
     def creating(
-        self, connection: sa.Connection, table: TicketTable, timeout: float
+        self, connection: sa.Connection, tables: Sequence[TicketTable], timeout: float
     ) -> Iterator[None]:
-        # DDL is transactional here: the table and its row appear together at COMMIT, and
-        # the advisory lock makes a concurrent creator wait instead of failing on the
-        # catalog (`type "tickets__…" already exists`).
+        # DDL is transactional here: the tables and their rows appear together at COMMIT, and
+        # the advisory locks make a concurrent creator wait instead of failing on the
+        # catalog (`type "tickets__…" already exists`). One round trip takes them all, in
+        # the order of their keys (unnest reads an array in order).
         with self.transaction(connection, timeout):
-            connection.execute(
-                sa.text("SELECT pg_advisory_xact_lock(:cls, :key)"),
-                {"cls": _LOCK_CLASS, "key": lock_key(table)},
-            )
+            keys = sorted({lock_key(table) for table in tables})
+            connection.execute(_LOCK_ALL, {"cls": _LOCK_CLASS, "keys": keys})
             yield
+
+    # Each table a transaction creates holds two slots of the shared lock table (the table
+    # and its primary key's index) until COMMIT, beside its advisory lock; the lock table has
+    # max_locks_per_transaction (64) x max_connections (100) slots by default.
+    create_batch = 100
+
+    def existing_tables(self, connection: sa.Connection, names: Sequence[str]) -> set[str]:
+        # As the library's statements find a table: through the search path.
+        return set(connection.execute(_EXISTING, {"names": list(names)}).scalars())
 
     @contextmanager
     def transaction(self, connection: sa.Connection, timeout: float) -> Iterator[None]:

@@ -102,12 +102,26 @@ class SQLiteBackend(ReturningBackend):
 
     @contextmanager
     def creating(
-        self, connection: sa.Connection, table: TicketTable, timeout: float
+        self, connection: sa.Connection, tables: Sequence[TicketTable], timeout: float
     ) -> Iterator[None]:
-        # One write transaction: the table and its row appear together, and a concurrent
+        # One write transaction: the tables and their rows appear together, and a concurrent
         # creator waits for the write lock (the busy timeout) instead of reading between.
+        # The file's one lock covers every table.
         with self.transaction(connection, timeout):
             yield
+
+    # The write lock is the whole file's: other writers wait while a batch is created.
+    create_batch = 200
+
+    def existing_tables(self, connection: sa.Connection, names: Sequence[str]) -> set[str]:
+        # SQLite's table names ignore case (ASCII), whatever the case they were created in.
+        found = {
+            str(name).lower()
+            for name in connection.exec_driver_sql(
+                "SELECT name FROM sqlite_master WHERE type = 'table'"
+            ).scalars()
+        }
+        return {name for name in names if name.lower() in found}
 
     @contextmanager
     def transaction(self, connection: sa.Connection, timeout: float) -> Iterator[None]:

@@ -5,6 +5,7 @@ Public through :mod:`sqlalchemy_tickets.sources.datacenter`."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -13,7 +14,7 @@ from sqlalchemy import exc as sa_exc
 
 from .._naming import DEFAULT_TIER_PREFIX, TicketTable, TierTables, tier_tables
 from ..dialects._clock import db_now_ms
-from ..dialects._connect import Bind, OwnEngine
+from ..dialects._connect import Bind, OwnEngine, create_under_lock
 from ..dialects.base import TicketBackend
 from ..errors import UnknownSequenceError
 from .server import _sync_bind
@@ -83,27 +84,20 @@ def create_datacenter_tables(
 
 
 def create_tables(own: OwnEngine, names: TierTables) -> None:
+    """Create the tier's tables (and add the columns an older release's lack), under the
+    creation lock: concurrent creators wait for each other."""
+
+    def statements(conn: sa.Connection) -> Iterator[sa.sql.Executable]:
+        yield from own.backend.tier_statements(names)
+        # Looked at once the tables are there (the loop runs each statement as it comes).
+        _, state = own.backend.tier_tables(names)
+        for column, ddl in own.backend.missing_columns(conn, state):
+            logger.warning("datacenter tier table %s upgraded: adding column %s", names.state,
+                           column)
+            yield ddl
+
     # The creation lock is keyed by a table name: the state table's stands for both.
-    lock = TicketTable(None, 64, names.state)
-    for attempt in (1, 2, 3):
-        try:
-            with own.connect() as conn, own.backend.creating(conn, lock, own.timeout):
-                for statement in own.backend.tier_statements(names):
-                    conn.execute(statement)
-                # Tables made by an older release lack the columns of the one-statement take.
-                _, state = own.backend.tier_tables(names)
-                added = own.backend.add_missing_columns(conn, state)
-                if added:
-                    logger.warning("datacenter tier table %s upgraded: added %s", names.state,
-                                   ", ".join(added))
-            break
-        except sa_exc.IntegrityError:
-            # PostgreSQL: a creator that does not take the creation lock (a migration) won
-            # the race on the catalog; the next attempt finds the tables.
-            if attempt == 3:
-                raise
-        except sa_exc.DBAPIError as error:
-            raise own.unavailable(error) from error
+    create_under_lock(own, [TicketTable(None, 64, names.state)], statements)
     logger.info("datacenter tier tables %s, %s ready on %s", names.stock, names.state,
                 own.url.render_as_string())
 

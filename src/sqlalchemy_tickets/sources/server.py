@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
 
@@ -25,10 +26,11 @@ from .._naming import (
     check_seconds,
     check_stride,
     check_table_template,
+    normalize_sequence,
     ticket_table,
 )
 from ..dialects import TicketBackend, backend_for
-from ..dialects._connect import Bind, OwnEngine, to_url
+from ..dialects._connect import Bind, OwnEngine, create_under_lock, to_url
 from ..dialects.base import Identity, TableInfo, TableSpec
 from ..errors import (
     ExhaustedError,
@@ -87,6 +89,11 @@ PREPARE_BATCH = 1000
 TAKE_BATCH = 64
 
 _R = TypeVar("_R")
+
+#: Tables in the first batch of a creation; the next ones are sized from its pace.
+_FIRST_BATCH = 10
+#: The share of the timeout a batch of creations is sized to take.
+_BATCH_SHARE = 0.25
 
 #: Times a block is asked for again when the table changed between a take and its describe
 #: (seeded by its creator, restrided), before the server counts as unavailable.
@@ -735,47 +742,137 @@ class TicketServer:
         increment: int | None = None,
         offset: int | None = None,
     ) -> None:
-        """Create a sequence's table if it does not exist (an existing table is left as is)."""
+        """Create a sequence's table if it does not exist (an existing table is left as is):
+        :meth:`create_tables` of one sequence."""
+        self.create_tables(
+            [sequence], bits=bits, start=start, increment=increment, offset=offset
+        )
+
+    def create_tables(
+        self,
+        sequences: Iterable[str | None],
+        *,
+        bits: int = 64,
+        start: int = 1,
+        increment: int | None = None,
+        offset: int | None = None,
+    ) -> list[str]:
+        """Create the tables of many sequences at once; returns the names of those it created
+        (the others existed, and are left as they are).
+
+        Every name, ``bits`` and the stride are checked first: a bad one raises
+        :class:`TicketsError` (a ``ValueError``) with nothing written. On MySQL/MariaDB a
+        stride asked for Flickr's table is checked against the server's
+        ``auto_increment_increment``/``auto_increment_offset`` before anything is created.
+        Then one catalog query finds the tables missing, and they are created and seeded in
+        batches, each batch one transaction (where DDL is transactional) under the creation
+        locks of its tables: no client sees a table without its row, and several processes
+        creating overlapping lists wait for each other — never deadlock — and each table is
+        created and seeded once, by one of them. Other clients wait for a batch's locks for
+        at most ``timeout``: batches are sized, from the pace of the previous one, to take
+        about a quarter of it (and at most 100 tables on PostgreSQL, whose lock table holds
+        each until COMMIT); each statement gets the whole ``timeout``. Behind PgBouncer in
+        statement pooling, which refuses transaction blocks, each statement runs on its own
+        (and a table created at that moment by another process may be named by both).
+
+        Args:
+            sequences: sequence names (case-insensitive; repeats are created once); ``None``
+                is Flickr's ``Tickets64`` (``bits=32``: ``Tickets32``).
+            bits, start, increment, offset: as for :meth:`create`; ``increment``/``offset``
+                default to this server's ``stride`` (else 1, 1).
+
+        Raises:
+            TicketsError: a bad name, ``bits`` or stride (nothing written).
+            StrideMismatchError: MySQL/MariaDB's settings contradict the stride asked for
+                Flickr's table (nothing written).
+            TicketServerUnavailable: the server refused, dropped or did not answer in time, or
+                another creator held a table's lock longer than ``timeout``; the tables of the
+                batches before it are created. Running it again finishes the job.
+        """
+        return self._create(self._specs(sequences, bits, start, increment, offset))
+
+    def _specs(
+        self,
+        sequences: Iterable[str | None],
+        bits: int,
+        start: int,
+        increment: int | None,
+        offset: int | None,
+    ) -> list[TableSpec]:
+        """The tables of ``sequences``, one per name, every argument checked (no I/O but the
+        first ``table_template`` of a server with a stride)."""
+        if isinstance(sequences, (str, bytes)):
+            raise TicketsError(
+                f"sequences must be a list of names, not the string {sequences!r} "
+                "(create_tables([name]), or create(name))"
+            )
         default_inc, default_off = self.stride or (1, 1)
         inc = default_inc if increment is None else increment
         off = default_off if offset is None else offset
         check_stride(start, inc, off, check_bits(bits))
-        table = ticket_table(sequence, bits, self.table_template)
-        spec = TableSpec(table, start, inc, off, self.storage_engine)
-        for attempt in (1, 2, 3):
-            try:
-                with self.own.connect() as conn:
-                    # Created and seeded as one step for every other client: nobody sees the
-                    # table without its row, and concurrent creators wait for each other.
-                    # Behind PgBouncer in statement pooling, which refuses transaction blocks,
-                    # each statement on its own (the IntegrityError case below covers races).
-                    guard = (
-                        self.backend.creating(conn, table, self.timeout)
-                        if self._transactions
-                        else contextlib.nullcontext()
-                    )
-                    with guard:
-                        self.backend.check_create(conn, spec)
-                        for statement in self.backend.create_statements(spec):
-                            conn.execute(statement)
-                break
-            except sa_exc.IntegrityError:
-                # PostgreSQL: a CREATE TABLE of the same table by a client that does not take
-                # the creation lock (a migration) won the race; the next attempt finds it.
-                if attempt == 3:
-                    raise
-                logger.debug("%s created concurrently", table.name)
-            except (sa_exc.DBAPIError, TicketServerUnavailable) as error:
-                orig = getattr(error, "orig", None) or getattr(error.__cause__, "orig", None)
-                if self._transactions and self.backend.refuses_transactions(orig):
-                    logger.info("%s refuses transaction blocks (PgBouncer in statement "
-                                "pooling?): creating %s statement by statement", self, table.name)
-                    self._transactions = False
-                    continue
-                if isinstance(error, TicketServerUnavailable):
-                    raise
-                raise self.own.unavailable(error) from error
-        logger.info("created ticket table %s on %s", table.name, self)
+        names = [normalize_sequence(sequence) for sequence in sequences]
+        specs: dict[str, TableSpec] = {}
+        for name in names:
+            table = ticket_table(name, bits, self.table_template)
+            specs.setdefault(table.name, TableSpec(table, start, inc, off, self.storage_engine))
+        return list(specs.values())
+
+    def _create(self, specs: list[TableSpec], *, reseed: bool = False) -> list[str]:
+        """Create the tables of ``specs`` that are missing, in batches; the names created.
+        ``reseed``: also seed those that exist (a reader found one without its row: on
+        MySQL/MariaDB, where DDL commits at once, its creator is half-way or died there)."""
+        if not specs:
+            return []
+        try:
+            with self.own.connect() as conn:
+                for spec in specs:
+                    self.backend.check_create(conn, spec)
+                existing = (
+                    set() if reseed
+                    else self.backend.existing_tables(conn, [spec.table.name for spec in specs])
+                )
+        except sa_exc.DBAPIError as error:
+            raise self.own.unavailable(error) from error
+        pending = [spec for spec in specs if spec.table.name not in existing]
+        created: list[str] = []
+        size = min(_FIRST_BATCH, self.backend.create_batch)
+        while pending:
+            batch, pending = pending[:size], pending[size:]
+            began = time.monotonic()
+            created += self._create_batch(batch)
+            # While a batch runs, other creators of its tables (on SQLite, every writer of
+            # the file) wait for its locks, each for at most the timeout: the next batch is
+            # sized to take a share of it at this one's pace.
+            pace = max(time.monotonic() - began, 1e-6) / len(batch)
+            size = max(1, min(self.backend.create_batch, int(self.timeout * _BATCH_SHARE / pace)))
+        return created
+
+    def _create_batch(self, batch: list[TableSpec]) -> list[str]:
+        """Create and seed ``batch`` as one step under its creation locks; the names of the
+        tables that were not there once the locks were held."""
+        fresh: list[TableSpec] = []
+
+        def statements(conn: sa.Connection) -> list[sa.sql.Executable]:
+            # Under the locks: another process may have created some since the first look.
+            # Their statements run all the same (they change nothing there), so that on
+            # MySQL/MariaDB a table whose creator was cut off before its seed gets it.
+            found = self.backend.existing_tables(conn, [spec.table.name for spec in batch])
+            fresh[:] = [spec for spec in batch if spec.table.name not in found]
+            return [
+                statement for spec in batch for statement in self.backend.create_statements(spec)
+            ]
+
+        self._transactions = create_under_lock(
+            self.own, [spec.table for spec in batch], statements,
+            transactions=self._transactions,
+        )
+        names = [spec.table.name for spec in fresh]
+        if len(names) == 1:
+            logger.info("created ticket table %s on %s", names[0], self)
+        elif names:
+            logger.info("created %d ticket tables on %s (%s ... %s)",
+                        len(names), self, names[0], names[-1])
+        return names
 
     def stats(self) -> dict[str, int]:
         """Ids issued, round trips made and rewinds seen by this object (all sequences)."""
@@ -993,7 +1090,8 @@ class TicketServer:
         start = self.start_above(table) + 1 if self.start_above is not None else 1
         mark = self._high.get(table)
         start = max(start, (mark.high if mark is not None else 0) + 1)
-        self.create(table.sequence, bits=table.bits, start=min(max(1, start), table.max_id))
+        start = min(max(1, start), table.max_id)
+        self._create(self._specs([table.sequence], table.bits, start, None, None), reseed=True)
 
     def _after_miss(self, known: _Known, count: int) -> tuple[TableInfo, int]:
         """The take advanced nothing: the stride changed, the row is missing (Flickr's before
