@@ -109,6 +109,10 @@ def transport_fd(transport: Any) -> int | None:
     return fd if fd >= 0 else None
 
 
+#: The table name statements are compiled for, then swapped for each table's (see
+#: :meth:`RawStatement.renamed`): a plain identifier no dialect quotes, found nowhere else.
+_STAND_IN = "tickets__sqlalchemy_tickets_stand_in"
+
 #: Tables per statement where a statement reads many (a ``UNION ALL``, an ``IN`` list).
 MANY = 200
 
@@ -149,6 +153,17 @@ class RawStatement:
     def execute(self, cursor: Any, **values: Any) -> Any:
         cursor.execute(self.sql, self.params(**values))
         return cursor
+
+    def renamed(self, old: str, new: str, dialect: Dialect) -> RawStatement:
+        """This statement on the table ``new`` instead of ``old``: its quoted name in the SQL
+        and in the parameters' values swapped (compiling a statement per table would cost a
+        few milliseconds for each of thousands of sequences)."""
+        quote = dialect.identifier_preparer.quote
+        twin = object.__new__(RawStatement)
+        twin.sql = self.sql.replace(quote(old), quote(new))
+        twin._positional = self._positional
+        twin._defaults = {k: new if v == old else v for k, v in self._defaults.items()}
+        return twin
 
 
 @dataclass(frozen=True)
@@ -994,10 +1009,18 @@ class TicketBackend:
         cache_key = (dialect.name, dialect.driver, dialect.paramstyle, table, key)
         found = self._statements.get(cache_key)
         if found is None:
+            # Compiled once per shape of table (Flickr's or a named one, per width), on a
+            # stand-in name; each table gets that SQL with its own name.
+            stand_in = TicketTable(None if table.flickr else "x", table.bits, _STAND_IN)
+            shape = (dialect.name, dialect.driver, dialect.paramstyle, stand_in, key)
             with self._lock:
+                template = self._statements.get(shape)
+                if template is None:
+                    template = RawStatement(build(self.table(TableSpec(stand_in))), dialect)
+                    self._statements[shape] = template
                 found = self._statements.get(cache_key)
                 if found is None:
-                    found = RawStatement(build(self.table(TableSpec(table))), dialect)
+                    found = template.renamed(_STAND_IN, table.name, dialect)
                     self._statements[cache_key] = found
         return found
 

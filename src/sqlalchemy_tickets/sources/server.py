@@ -724,6 +724,19 @@ class TicketServer:
 
     # -- administration -----------------------------------------------------------------------
 
+    def describe_many(
+        self, sequences: Sequence[str | None], *, bits: int = 64
+    ) -> list[TableInfo | None]:
+        """:meth:`describe` of many sequences in a few round trips (``None`` also for a
+        sequence without a table)."""
+        tables = [ticket_table(s, check_bits(bits), self.table_template) for s in sequences]
+        if not tables:
+            return []
+        lives = self._round_trip(self._identities, tables[0], tables)
+        present = [t for t in tables if lives.get(t) is not None]
+        infos = self._round_trip(self._describe_many, tables[0], present) if present else {}
+        return [infos.get(t) for t in tables]
+
     def describe(self, sequence: str | None, *, bits: int = 64) -> TableInfo | None:
         """The stride and last issued id of a sequence's table (``None``: no row yet).
 

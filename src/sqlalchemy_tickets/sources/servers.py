@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.engine import URL, Engine
@@ -14,7 +14,7 @@ from sqlalchemy.engine import URL, Engine
 from .._deprecation import deprecated_alias
 from .._naming import TicketTable, ticket_table
 from ..errors import ExhaustedError, TicketsError, TicketServerUnavailable
-from .base import check_count, check_ids
+from .base import Request, check_count, check_ids
 from .server import TicketServer
 
 logger = logging.getLogger("sqlalchemy_tickets")
@@ -70,6 +70,7 @@ class TicketServers:
         this = weakref.ref(self)
         for joined in members:
             joined.server.start_above = self._highest_elsewhere
+            joined.server.start_above_many = self._highest_elsewhere_many
             joined.server.floors.append(_peers_floor(this, joined.server))
             joined.server.after_heal.append(_raise_peers(this, joined.server))
         self._backoff = backoff
@@ -140,6 +141,81 @@ class TicketServers:
             + "; ".join(errors + [str(e) for e in exhausted])
         )
 
+    def next_blocks(self, requests: Sequence[Request]) -> list[range | TicketsError]:
+        """:meth:`next_block` for each ``(sequence, count, bits)``: the whole batch from the
+        next server in turn that answers (in one round trip per few dozen sequences); what it
+        could not serve (down, exhausted) from the others, then each request alone."""
+        out: list[range | TicketsError | None] = [None] * len(requests)
+        now = self._clock()
+        with self._lock:
+            first = self._next
+            self._next = (self._next + 1) % len(self._members)
+        order = self._members[first:] + self._members[:first]
+        for member in [m for m in order if m.down_until <= now]:
+            left = [i for i, done in enumerate(out) if done is None]
+            if not left:
+                break
+            found = member.server.next_blocks([requests[i] for i in left])
+            down = next((e for e in found if isinstance(e, TicketServerUnavailable)), None)
+            if down is not None and all(isinstance(e, TicketsError) for e in found):
+                self._failed(member, down)
+                continue
+            if member.failures:
+                self._recovered(member)
+            for i, block in zip(left, found, strict=True):
+                if isinstance(block, range):
+                    out[i] = block
+        result: list[range | TicketsError] = []
+        for i, (sequence, count, bits) in enumerate(requests):
+            got = out[i]
+            if got is None:  # every server failed it together: each in turn, alone
+                try:
+                    got = self.next_block(sequence, count, bits=bits)
+                except TicketsError as error:
+                    got = error
+            result.append(got)
+        return result
+
+    def prepare(self, sequences: Iterable[str | None], *, bits: int = 64) -> None:
+        """:meth:`TicketServer.prepare` on every server that answers (a server that does not
+        makes first contact on its first block); raises when none answers."""
+        names = list(sequences)
+        errors: list[TicketsError] = []
+        for member in self._members:
+            try:
+                member.server.prepare(names, bits=bits)
+            except TicketServerUnavailable as error:
+                self._failed(member, error)
+                errors.append(error)
+            except TicketsError as error:
+                errors.append(error)
+        if errors and (len(errors) == len(self._members) or not all(
+            isinstance(e, TicketServerUnavailable) for e in errors
+        )):
+            raise errors[0]
+
+    def give_back_many(self, items: Sequence[tuple[str | None, range, int]]) -> list[int]:
+        """:meth:`give_back` of each ``(sequence, ids, bits)``, each server's share in one
+        call."""
+        n = len(self._members)
+        out = [0] * len(items)
+        shares: dict[int, list[int]] = {}
+        for i, (_, ids, bits) in enumerate(items):
+            check_ids(ids, bits)
+            if ids and ids.step == n:
+                shares.setdefault((ids.start - 1) % n, []).append(i)
+        for position, indexes in shares.items():
+            server = self._members[position].server
+            try:
+                taken = server.give_back_many([items[i] for i in indexes])
+            except TicketsError as error:
+                logger.warning("%s could not take back %d ranges: %s", server, len(indexes),
+                               error)
+                continue
+            for i, n_taken in zip(indexes, taken, strict=True):
+                out[i] = n_taken
+        return out
+
     def give_back(self, sequence: str | None, ids: range, *, bits: int = 64) -> int:
         """Give ``ids`` back to the server that issued them (server *i* issues ids ≡ *i+1*
         mod N, step N); how many it took back (see :meth:`TicketServer.give_back`), ``0``
@@ -172,6 +248,24 @@ class TicketServers:
             except TicketServerUnavailable as error:
                 self._failed(member, error)
         return moved
+
+    def _highest_elsewhere_many(
+        self, tables: list[TicketTable], excluding: TicketServer | None = None
+    ) -> dict[TicketTable, int]:
+        """:meth:`_highest_elsewhere` of many tables, one round trip per server."""
+        highest = dict.fromkeys(tables, 0)
+        for member in self._members:
+            if member.server is excluding:
+                continue
+            try:
+                found = member.server.describe_many([t.sequence for t in tables],
+                                                    bits=tables[0].bits)
+            except TicketsError:
+                continue
+            for table, info in zip(tables, found, strict=True):
+                if info is not None and info.last_id is not None:
+                    highest[table] = max(highest[table], info.last_id)
+        return highest
 
     def _highest_elsewhere(
         self, table: TicketTable, excluding: TicketServer | None = None
