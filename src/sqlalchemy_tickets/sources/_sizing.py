@@ -9,15 +9,16 @@ every process) size from the same estimate:
 * the **rate** rises at once to a higher measurement and forgets it over ``window`` seconds;
 * the **target** holds ``supply`` seconds of ids at that rate, within ``min_block`` and
   ``max_block``, and never more than the waste budget — what a crash can burn. A young lane
-  (in use for less than ``supply`` seconds) holds no more than it has issued so far, so a
-  process that crashes early burns at most about what it used (a crash-looping worker over a
-  32-bit sequence does not burn a full block per crash), and rides out an outage of at least
-  half its age;
+  trusts its rate only for as long as it has measured it: it holds ``age`` seconds of ids
+  until it is ``supply`` seconds old, so a process that crashes early burns about what it used
+  at its recent rate (a crash-looping worker does not burn a full block per crash), and a
+  process up for a while rides out an outage of at least ``supply / 2`` seconds;
 * the **low-water mark** is half the target, and never less than four refill latencies of ids,
   so a refill asked for there lands long before the ids run out: a double buffer;
 * a block that ran out in less than a quarter of ``supply`` seconds means the rate lags behind
   (a young lane, a burst between two samples): the next one is twice as large (Meituan Leaf's
-  rule), so a lane reaches its size in a few refills rather than waiting for the estimate.
+  rule), up to what the lane has issued so far, so a lane reaches its size in a few refills
+  rather than waiting for the estimate.
 """
 
 from __future__ import annotations
@@ -62,21 +63,13 @@ class Sizing:
     min_block: int
     max_block: int
 
-    def target(
-        self, rate: float, budget: int, grown: int = 0, earned: int | None = None
-    ) -> int:
-        """Ids to hold: ``supply`` seconds at ``rate`` (or ``grown``, a doubled block, if
-        larger), within ``min_block``..``max_block``, ``earned`` (a young lane's ids issued)
-        and the ``budget``."""
-        wanted = max(math.ceil(rate * self.supply), grown)
-        if earned is not None:
-            wanted = min(wanted, earned)
+    def target(self, rate: float, budget: int, grown: int = 0, age: float = math.inf) -> int:
+        """Ids to hold: ``supply`` seconds at ``rate`` (``age`` seconds while the lane is
+        younger than that; or ``grown``, a doubled block, if larger), within
+        ``min_block``..``max_block`` and the ``budget``."""
+        trusted = min(self.supply, max(RATE_INTERVAL, age))
+        wanted = max(math.ceil(rate * trusted), grown)
         return max(1, min(budget, self.max_block, max(self.min_block, wanted)))
-
-    def earned(self, age: float, issued: int) -> int | None:
-        """What a lane of ``age`` seconds that issued ``issued`` ids may hold (``None``: as
-        much as its rate says, once it is ``supply`` seconds old)."""
-        return None if age >= self.supply else issued
 
     def low_water(self, target: int, rate: float, latency: float, budget: int) -> int:
         """Refill under this many ids held: half the target, and at least four refill
@@ -84,7 +77,10 @@ class Sizing:
         wanted = max(target // 2, math.ceil(rate * latency * 4), 1)
         return max(1, min(wanted, budget // 2))
 
-    def grow(self, block: int, lasted: float) -> int:
+    def grow(self, block: int, lasted: float, issued: int) -> int:
         """The doubled size after a block of ``block`` ids lasted ``lasted`` seconds (0: the
-        rate keeps up)."""
-        return 2 * block if lasted < self.supply / 4 else 0
+        rate keeps up), never more than the ``issued`` ids so far (nor less than
+        ``min_block``): doubling does not outrun what the lane has used."""
+        if lasted >= self.supply / 4:
+            return 0
+        return min(2 * block, max(self.min_block, issued))

@@ -600,10 +600,10 @@ class CachedSource:
 
     def _carve(self, lane: _Lane) -> None:
         """Make the next chunk from the rest of the block (lock held): the ids down to the
-        low-water mark, so the slow path comes back exactly when a refill is due; below the
-        mark, a quarter of it at a time, to keep measuring the rate."""
+        low-water mark, so the slow path comes back exactly when a refill is due; below it
+        (the refill asked for), the rest of the block."""
         low = self._low_water(lane)
-        size = max(1, lane.in_hand - low, low // 4)
+        size = lane.in_hand - low if lane.in_hand > low else len(lane.rest)
         chunk = lane.rest[: min(size, MAX_CHUNK)]
         lane.rest = lane.rest[len(chunk) :]
         lane.chunk = iter(chunk)
@@ -657,8 +657,8 @@ class CachedSource:
         return budget_of(self.waste_budget, lane.bits, lane.last_issued)
 
     def _target(self, lane: _Lane) -> int:
-        earned = self.sizing.earned(self._clock() - lane.born, lane.issued)
-        return self.sizing.target(lane.rate, self._budget(lane), lane.grown, earned)
+        age = self._clock() - lane.born
+        return self.sizing.target(lane.rate, self._budget(lane), lane.grown, age)
 
     def _low_water(self, lane: _Lane) -> int:
         return self.sizing.low_water(
@@ -671,7 +671,7 @@ class CachedSource:
         now = self._clock()
         if lane.block_size:
             # The last block went in less than a quarter of ``supply``: the rate lags; double.
-            lane.grown = self.sizing.grow(lane.block_size, now - lane.asked_at)
+            lane.grown = self.sizing.grow(lane.block_size, now - lane.asked_at, lane.issued)
         target = self._target(lane)
         held = lane.in_hand
         # A block of the target's size, plus what a caller of next_block is short of; but
