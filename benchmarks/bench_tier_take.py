@@ -1,38 +1,36 @@
 """The datacenter tier's take under contention: takes per second one sequence serves, and their
 latency, when P processes take small blocks at once; a baseline commit against this tree.
 
-A *take* is ``DatacenterTier.next_block(sequence, count)`` (``--count``, default 1); at
-``18dfaeb`` one short transaction (BEGIN, SET LOCAL, two SELECT ... FOR UPDATE, two UPDATE,
-COMMIT), every take of a sequence queued on its state row's lock. ``baseline`` is ``src/`` at
-``--baseline-ref`` (default ``18dfaeb``, exported once with ``git archive <ref> src | tar -x``),
-``new`` the ``src/`` beside this script. Each process is a fresh interpreter (this script with
-``--worker``) with its variant's ``src`` first on ``PYTHONPATH``; its
-``sqlalchemy_tickets.__file__`` is checked against that tree and kept in the JSON. Only the
-public API is used.
+A *take* is ``DatacenterTier.next_block(seq, count)`` (``--count``, default 1); at ``18dfaeb``
+one short transaction (BEGIN, SET LOCAL, two SELECT ... FOR UPDATE, two UPDATE, COMMIT) queued
+on the sequence's state row lock. ``baseline`` is ``src/`` at ``--baseline-ref`` (default
+``18dfaeb``, exported with ``git archive <ref> src | tar -x``), ``new`` the ``src/`` beside this
+script. Every worker is a fresh interpreter (this script with ``--worker``) with its variant's
+``src`` first on ``PYTHONPATH``; its ``sqlalchemy_tickets.__file__`` is checked against that
+tree and kept in the JSON. Only the public API is used.
 
 Per backend (default PostgreSQL and MariaDB; ``sqlite`` works too) each variant has its own
-pair of throwaway databases, global (``TicketServer(global_url)`` upstream) and datacenter, so
-the two never share tables even if their schemas come to differ; after an untimed warm-up run
-each, for each P (``--procs``, default 2, 8, 24) ``--rounds`` (default 3) rounds alternate the
-variants, the first swapped each round. Every run has a sequence of its own, ``take_p<P>_r<i>``:
+throwaway global (upstream: ``TicketServer(global_url)``) and datacenter databases, so the two
+never share tables even if their schemas come to differ. After an untimed warm-up run each, for
+each P (``--procs``, default 2, 8, 24), ``--rounds`` (default 3) rounds alternate the variants,
+the first swapped each round. Each run has a sequence of its own, ``take_p<P>_r<round>``:
 
 1. worker 0 fills the stock: ``DatacenterTier(dc, upstream, min_block=max_block=3,000,000)``
-   takes an id, awaits its refill (``wait_idle``) and checks ``describe()``: ~3 million ids in
-   stock, far more than a run takes;
+   takes an id, ``wait_idle()``, and ``describe()`` must show ~3 million ids in stock;
 2. every worker builds ``DatacenterTier(dc, upstream, supply=1, timeout=30)`` and takes once,
-   untimed (connections, tables, identity). ``supply=1``: the stock it aims at is a second of
-   ids, so no take finds the stock low and nothing is refilled during the run;
+   untimed. ``supply=1``: it aims at a second of ids in stock, so no take finds the stock low
+   and nothing is refilled during the run;
 3. all start at one instant of the shared monotonic clock and call ``next_block(seq, count)``
    in a tight loop for ``--seconds`` (default 10), garbage collector off, each call timed with
    ``time.perf_counter``; failed calls are counted.
 
-Per run: takes/s (all workers' takes ÷ the window), the pooled latency distribution in ms and
+Per run: takes/s (all workers' takes ÷ the window), the pooled latency distribution (ms) and
 each worker's, ``stats()`` deltas over the window (blocking waits, upstream round trips,
-refills: 0 expected) and duplicates among all ids handed out (0, or exit 1). Per (backend, P):
-per variant the medians over rounds of takes/s, p50 and p99; ``new / baseline`` as medians of
-per-round ratios for takes/s (higher is better) and p99 (lower is). Checks (fail only with
-``--strict``): time per take new / baseline <= 1 at every P (new takes/s >= baseline's). With
-the same code in both trees the ratios show the noise. ``--smoke``: P = 2, 1 s, one round.
+refills: 0 expected) and duplicates among all ids handed out (0, else exit 1). Per (backend,
+P): each variant's medians over rounds of takes/s, p50 and p99; ``new / baseline`` as medians
+of per-round ratios (and the ratio of the medians). Checks (failing only with ``--strict``):
+time per take new / baseline <= 1 at every P, i.e. new takes/s >= baseline's. With the same
+code in both trees the ratios show the noise. ``--smoke``: P = 2, 1 s, one round.
 
     .venv/bin/python benchmarks/bench_tier_take.py [--smoke] [--procs 2,8,24] [--seconds 10]
         [--count 1] [--rounds 3] [--baseline-ref 18dfaeb] [--backends postgresql,mysql]
@@ -60,6 +58,7 @@ VARIANTS = ("baseline", "new")
 STOCK = 3_000_000  # ids in stock per sequence before its run
 TIER = {"supply": 1.0, "timeout": 30.0}  # the workers' tiers: no refill, no give-up under load
 ROUNDS = 3
+KEYS = ("takes_per_second", "p50_ms", "p99_ms")  # per variant: medians over rounds
 
 
 # -- worker processes (this script with --worker, under a variant's PYTHONPATH) ----------------
@@ -121,16 +120,11 @@ def worker() -> None:
         tier.close()
         upstream.close()
         keys = ("blocking_waits", "upstream_round_trips", "refills", "round_trips", "failures")
-        h.say({
-            "summary": {k: v if k == "count" else v * 1e3
-                        for k, v in h.distribution(latencies).items()},
-            "latencies_us": [round(x * 1e6) for x in latencies],
-            "ids": ids,
-            "errors": len(errors),
-            "first_errors": errors[:3],
-            "stats": {k: after[k] - before[k] for k in keys},
-            "stock_after": stock,
-        })
+        h.say({"summary": {k: v if k == "count" else v * 1e3
+                           for k, v in h.distribution(latencies).items()},
+               "latencies_us": [round(x * 1e6) for x in latencies], "ids": ids,
+               "errors": len(errors), "first_errors": errors[:3], "stock_after": stock,
+               "stats": {k: after[k] - before[k] for k in keys}})
     except BaseException:
         h.say({"error": traceback.format_exc()})
         raise SystemExit(1) from None
@@ -177,33 +171,37 @@ def run(
 
 
 def _figure(run: dict[str, Any], key: str) -> float:
-    return float(run["takes_per_second"] if key == "takes_per_second" else run["latency_ms"][key])
+    return float(run[key] if key == "takes_per_second" else run["latency_ms"][key[:3]])
 
 
 def compare(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Per variant the medians over rounds; new / baseline as medians of per-round ratios."""
     out: dict[str, Any] = {
-        v: {f"{k}_ms" if k[0] == "p" else k: statistics.median(_figure(r, k) for r in runs[v])
-            for k in ("takes_per_second", "p50", "p99")} for v in VARIANTS
+        v: {k: statistics.median(_figure(r, k) for r in runs[v]) for k in KEYS} for v in VARIANTS
     }
-    for key in ("takes_per_second", "p99"):
+    for key in ("takes_per_second", "p99_ms"):
         per = [_figure(n, key) / max(_figure(b, key), 1e-9)
                for n, b in zip(runs["new"], runs["baseline"], strict=True)]
-        out[f"new_over_baseline_{key}"] = {"median": statistics.median(per), "per_round": per}
+        out[f"new_over_baseline_{key}"] = {
+            "median": statistics.median(per), "per_round": per,
+            "ratio_of_medians": out["new"][key] / max(out["baseline"][key], 1e-9)}
     return out
 
 
 def draw(env: dict[str, Any], results: dict[str, Any], procs: list[int]) -> Any:
-    fig, axes = h.figure(3, "Datacenter tier: takes of one sequence by P processes, baseline vs "
-                         "new", env, note="lines: medians over rounds, dots: rounds; variants "
-                         "alternated, the first swapped each round")
+    loads = [r["load_average_at_end"][0] for by_p in results.values() for c in by_p.values()
+             for v in VARIANTS for r in c["runs"][v]]
+    fig, axes = h.figure(3, "Datacenter tier: takes of one sequence by P processes at once, "
+                         "baseline vs new", env, width=4.6, note="lines: medians over rounds, "
+                         "dots: rounds; variants alternated, the first swapped each round; "
+                         f"1-min load {min(loads):.1f}-{max(loads):.1f} at the runs' ends")
+    fig.subplots_adjust(left=0.06, wspace=0.3)
     colors = {"postgresql": "tab:blue", "mysql": "tab:orange", "sqlite": "tab:green"}
     for backend, by_p in results.items():
         for variant, style in (("baseline", "o--"), ("new", "s-")):
-            for ax, key in zip(axes, ("takes_per_second", "p50", "p99"), strict=True):
-                ax.plot(procs, [by_p[str(p)][variant][key if key[0] != "p" else f"{key}_ms"]
-                                for p in procs], style, color=colors[backend], alpha=0.85,
-                        label=f"{h.LABELS[backend]}, {variant}")
+            for ax, key in zip(axes, KEYS, strict=True):
+                ax.plot(procs, [by_p[str(p)][variant][key] for p in procs], style, alpha=0.85,
+                        color=colors[backend], label=f"{h.LABELS[backend]}, {variant}")
                 dots = [(p, _figure(r, key)) for p in procs for r in by_p[str(p)]["runs"][variant]]
                 ax.scatter(*zip(*dots, strict=True), s=6, color=colors[backend], alpha=0.5)
         for p in procs:
@@ -211,9 +209,12 @@ def draw(env: dict[str, Any], results: dict[str, Any], procs: list[int]) -> Any:
             axes[0].annotate(f"×{ratio:.2f}", (p, by_p[str(p)]["new"]["takes_per_second"]),
                              xytext=(4, 4), textcoords="offset points", fontsize=7,
                              color=colors[backend])
-    titles = ("takes/s (beside: new / baseline)", "p50 latency of a take", "p99 latency")
+    titles = ("takes/s (×: new / baseline, median of\nthe rounds' ratios)",
+              "p50 latency of a take", "p99 latency of a take")
     for ax, title, unit in zip(axes, titles, ("takes/s", "ms", "ms"), strict=True):
         ax.set_xscale("log", base=2)
+        ax.set_yscale("linear" if unit == "takes/s" else "log")
+        ax.grid(alpha=0.3, which="both")
         ax.set_xticks(procs, [str(p) for p in procs])
         ax.set_xlabel("worker processes P", fontsize=9)
         ax.set_ylabel(unit, fontsize=9)
@@ -260,9 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   f"{got['takes_per_second']:7.1f} takes/s, p50 {lat['p50']:.2f} "
                                   f"ms, p99 {lat['p99']:.2f} ms, {got['errors']} errors, "
                                   f"{got['blocking_waits']} waits, {got['duplicates']} duplicates")
-                    results[backend][str(p)] = {**compare(runs), "runs": runs}
-                    per = [1 / x for x in results[backend][str(p)][
-                        "new_over_baseline_takes_per_second"]["per_round"]]
+                    results[backend][str(p)] = got = {**compare(runs), "runs": runs}
+                    per = [1 / x for x in got["new_over_baseline_takes_per_second"]["per_round"]]
                     checks[f"{backend} P={p}: time per take, new / baseline"] = {
                         "median": statistics.median(per), "min": min(per), "max": max(per),
                         "per_round": per, "target": 1.0, "passed": statistics.median(per) <= 1.0}
