@@ -197,6 +197,97 @@ def redact(url: URL) -> str:
     return url.render_as_string(hide_password=True)
 
 
+# -- other source trees ------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def exported_source(ref: str, paths: Sequence[str] = ("src",)) -> Iterator[tuple[Path, str]]:
+    """``paths`` of this repository as they were at git ``ref`` (``git archive <ref> <paths> |
+    tar -x``) in a new temporary directory, removed afterwards. Yields the directory and the
+    commit ``ref`` names (the full id)."""
+    commit = _git("rev-parse", "--verify", f"{ref}^{{commit}}")
+    if not commit:
+        raise SystemExit(f"{ref!r} names no commit of {REPO_DIR}")
+    directory = Path(tempfile.mkdtemp(prefix="tickets_bench_src_"))
+    try:
+        archive = subprocess.Popen(
+            ["git", "-C", str(REPO_DIR), "archive", commit, *paths], stdout=subprocess.PIPE
+        )
+        subprocess.run(["tar", "-x", "-C", str(directory)], stdin=archive.stdout, check=True)
+        assert archive.stdout is not None
+        archive.stdout.close()
+        if archive.wait() != 0:
+            raise SystemExit(f"git archive {commit} failed")
+        yield directory, commit
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def env_with_source(src: Path | str) -> dict[str, str]:
+    """``os.environ`` with ``src`` first on ``PYTHONPATH``: a child interpreter started with it
+    imports the package from that tree, ahead of the installed (or editable) one. (A
+    ``multiprocessing`` spawn child would not: it copies the parent's ``sys.path``.)"""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), *rest])}
+
+
+class Children:
+    """Fresh interpreters running ``script --worker``, with ``src`` (a source tree) first on
+    ``PYTHONPATH`` when given, spoken to in JSON lines: :meth:`tell` writes a line to each
+    one's stdin, :meth:`hear` reads a line from each one's stdout (the child writes them with
+    :func:`say`). An answer ``{"error": ...}`` or a child gone raises here. As a context
+    manager, kills whatever still runs when it exits."""
+
+    def __init__(self, script: Path | str, n: int, src: Path | str | None = None) -> None:
+        env = None if src is None else env_with_source(src)
+        self.processes = [
+            subprocess.Popen(
+                [sys.executable, str(script), "--worker"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, text=True, env=env, cwd=REPO_DIR,
+            )
+            for _ in range(n)
+        ]
+
+    def tell(self, messages: Sequence[Any], *, close: bool = False) -> None:
+        """``messages[i]`` to child ``i``; ``close``: their stdin too (nothing more to say)."""
+        for process, message in zip(self.processes, messages, strict=True):
+            assert process.stdin is not None
+            process.stdin.write(json.dumps(message) + "\n")
+            process.stdin.close() if close else process.stdin.flush()
+
+    def hear(self) -> list[Any]:
+        """The next answer of every child, in order."""
+        answers = []
+        for process in self.processes:
+            assert process.stdout is not None
+            line = process.stdout.readline()
+            if not line:
+                raise RuntimeError(f"a child exited ({process.wait()}) without answering")
+            answer = json.loads(line)
+            if isinstance(answer, dict) and "error" in answer:
+                raise RuntimeError(f"a child failed:\n{answer['error']}")
+            answers.append(answer)
+        return answers
+
+    def __enter__(self) -> Children:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for process in self.processes:
+            if exc[0] is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(60)
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def say(message: Any) -> None:
+    """In a :class:`Children` child: one answer to the parent."""
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
 # -- environment -------------------------------------------------------------------------------
 
 
@@ -378,6 +469,25 @@ def ratio_summary(
         summary["target"] = target
         summary["passed"] = summary["median"] <= target
     return summary
+
+
+def distribution(samples: Sequence[float]) -> dict[str, float]:
+    """Count, mean, p50/p90/p99 (nearest rank) and max of ``samples`` (latencies, say)."""
+    ordered = sorted(samples)
+    if not ordered:
+        return {"count": 0}
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {
+        "count": len(ordered),
+        "mean": statistics.fmean(ordered),
+        "p50": pick(0.5),
+        "p90": pick(0.9),
+        "p99": pick(0.99),
+        "max": ordered[-1],
+    }
 
 
 # -- reports -----------------------------------------------------------------------------------
