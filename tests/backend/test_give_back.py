@@ -372,10 +372,11 @@ def test_a_rolling_restart_over_a_datacenter_tier_burns_nothing(
     assert held[0]
     every = rounds[0] + rounds[1]
     assert len(set(every)) == len(every)
-    # What a worker of the first round held at its close went back to the tier, which issued
-    # it again first: to a worker still running, or to the next round.
-    again = set(held[0]) & set(every)
-    assert len(again) >= len(held[0]) // 2, (len(again), len(held[0]))
+    # What the first round's workers held at their close went back to the tier, which issues
+    # ids given back before ids it never issued: the second round drew nothing else (the
+    # first round gave back more than the second drew).
+    assert len(held[0]) > len(rounds[1])
+    assert set(rounds[1]) <= set(held[0])
 
 
 def test_interpreter_exit_gives_back_to_a_datacenter_tier(

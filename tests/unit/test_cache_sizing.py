@@ -2,10 +2,9 @@
 cap. On :class:`MemorySource` (a real source in memory) and a clock the test moves by hand, so
 rates are exact and nothing waits on a real clock.
 
-- A young lane (used for less than ``supply`` seconds) holds about what it used at its rate,
-  at most one and a half times (and ``min_block``): a crash burns about what the process used.
-- Once it is ``supply`` seconds old, a lane holds ``supply`` seconds of ids at its rate and
-  refills at half of that: it rides out an outage of ``supply / 2`` seconds.
+- A lane holds ``supply`` seconds of ids at its rate and refills at half of that: it rides out
+  an outage of ``supply / 2`` seconds. What it holds (what a crash burns; a clean exit gives it
+  back) is at most one and a half blocks of ``max_block``, and never more than the budget.
 - A lane refills before it runs dry: no ``next_id`` waits after the first block, one busy
   lane or thousands of quiet ones.
 - A quiet lane stays on the fast path: the slow path runs about twice per block, not per id.
@@ -71,15 +70,17 @@ def draw(cache: CachedSource, clock: Clock, sequence: str, rate: float, seconds:
         cache.wait_idle(10)
 
 
-def test_a_young_lane_holds_about_what_it_used(clock: Clock, caches: list) -> None:
+def test_what_a_lane_holds_is_bounded_by_max_block_and_the_budget(
+    clock: Clock, caches: list
+) -> None:
     source = MemorySource()
-    cache = CachedSource(source, clock=clock, supply=30.0, min_block=16)
-    caches.append(cache)
-    draw(cache, clock, "young", rate=2_000, seconds=5)  # 10,000 ids, 5 s old
-    issued = cache.stats()["issued"]
-    assert issued == 10_000
-    # What a crash burns now: about what it used, not 30 s of ids (60,000) at its rate.
-    assert held(cache, "young") <= 1.5 * issued + 16
+    cache = CachedSource(source, clock=clock, supply=30.0, min_block=16, max_block=5_000)
+    budgeted = CachedSource(MemorySource(), clock=clock, supply=30.0, waste_budget=3_000)
+    caches.extend([cache, budgeted])
+    draw(cache, clock, "busy", rate=2_000, seconds=3)  # 60,000 ids of supply at this rate
+    draw(budgeted, clock, "busy", rate=2_000, seconds=3)
+    assert held(cache, "busy") <= 1.5 * 5_000
+    assert held(budgeted, "busy") <= 3_000
     assert cache.stats()["blocking_waits"] == 1  # the first block only
 
 
@@ -89,7 +90,7 @@ def test_an_old_lane_holds_supply_seconds_and_rides_out_half_of_them(
     source = MemorySource()
     cache = CachedSource(source, clock=clock, supply=10.0, min_block=16)
     caches.append(cache)
-    draw(cache, clock, "steady", rate=1_000, seconds=25)  # older than supply
+    draw(cache, clock, "steady", rate=1_000, seconds=5)
     holding = held(cache, "steady")
     assert 0.5 * 10 * 1_000 <= holding <= 1.6 * 10 * 1_000
     # The source goes away: the lane keeps issuing for supply / 2 seconds at the same rate.

@@ -8,11 +8,10 @@ every process) size from the same estimate:
 
 * the **rate** rises at once to a higher measurement and forgets it over ``window`` seconds;
 * the **target** holds ``supply`` seconds of ids at that rate, within ``min_block`` and
-  ``max_block``, and never more than the waste budget — what a crash can burn. A young lane
-  trusts its rate only for as long as it has measured it: it holds ``age`` seconds of ids
-  until it is ``supply`` seconds old, so a process that crashes early burns about what it used
-  at its recent rate (a crash-looping worker does not burn a full block per crash), and a
-  process up for a while rides out an outage of at least ``supply / 2`` seconds;
+  ``max_block``, and never more than the waste budget. What a lane holds is what a crash can
+  burn (a clean exit gives it back): at most one and a half targets, so ``max_block`` and the
+  waste budget bound it, and ``stats()["in_hand"]`` (the metric ``tickets.cache.in_hand``)
+  reports it;
 * the **low-water mark** is half the target, and never less than four refill latencies of ids,
   so a refill asked for there lands long before the ids run out: a double buffer;
 * a block that ran out in less than a quarter of ``supply`` seconds means the rate lags behind
@@ -63,12 +62,10 @@ class Sizing:
     min_block: int
     max_block: int
 
-    def target(self, rate: float, budget: int, grown: int = 0, age: float = math.inf) -> int:
-        """Ids to hold: ``supply`` seconds at ``rate`` (``age`` seconds while the lane is
-        younger than that; or ``grown``, a doubled block, if larger), within
-        ``min_block``..``max_block`` and the ``budget``."""
-        trusted = min(self.supply, max(RATE_INTERVAL, age))
-        wanted = max(math.ceil(rate * trusted), grown)
+    def target(self, rate: float, budget: int, grown: int = 0) -> int:
+        """Ids to hold: ``supply`` seconds at ``rate`` (or ``grown``, a doubled block, if
+        larger), within ``min_block``..``max_block`` and the ``budget``."""
+        wanted = max(math.ceil(rate * self.supply), grown)
         return max(1, min(budget, self.max_block, max(self.min_block, wanted)))
 
     def low_water(self, target: int, rate: float, latency: float, budget: int) -> int:

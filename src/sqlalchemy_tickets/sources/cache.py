@@ -105,7 +105,6 @@ class _Lane:
     block_size: int = 0  # the target the last refill was sized for
     grown: int = 0  # a doubled block, while the rate lags behind use
     asked_at: float = -math.inf  # when the last refill was asked for (the cache's clock)
-    born: float = 0.0  # when the lane was made (the cache's clock): how long its rate is known
     rate_time: float = 0.0
     rate_count: int = 0
     last_issued: int = 0
@@ -563,8 +562,7 @@ class CachedSource:
             with self._lanes_lock:
                 lane = self._lanes.get((name, bits))
                 if lane is None:
-                    now = self._clock()
-                    lane = _Lane(name, bits, rate_time=now, born=now)
+                    lane = _Lane(name, bits, rate_time=self._clock())
                     self._lanes[name, bits] = lane
                 # The caller's spelling maps to the same lane: "Photos" and "photos" are one.
                 if (sequence, bits) not in self._lanes or sequence not in lane.keys:
@@ -657,8 +655,7 @@ class CachedSource:
         return budget_of(self.waste_budget, lane.bits, lane.last_issued)
 
     def _target(self, lane: _Lane) -> int:
-        age = self._clock() - lane.born
-        return self.sizing.target(lane.rate, self._budget(lane), lane.grown, age)
+        return self.sizing.target(lane.rate, self._budget(lane), lane.grown)
 
     def _low_water(self, lane: _Lane) -> int:
         return self.sizing.low_water(
