@@ -23,6 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 from alembic.operations import Operations
 
+from .._naming import tier_tables
 from ..dialects import backend_for
 from ..dialects.base import TableSpec, TicketBackend, last_id_below
 from ..sources.datacenter import datacenter_table_statements, drop_datacenter_table_statements
@@ -190,10 +191,20 @@ def drop_worker_lease_table(operations: Operations, operation: DropWorkerLeaseTa
 
 @Operations.implementation_for(CreateDatacenterTablesOp)
 def create_datacenter_tables(operations: Operations, operation: CreateDatacenterTablesOp) -> None:
-    dialect = operations.get_context().dialect.name
+    context = operations.get_context()
     _emit_all(operations, datacenter_table_statements(
-        dialect=dialect, table_prefix=operation.table_prefix
+        dialect=context.dialect.name, table_prefix=operation.table_prefix
     ))
+    if context.as_sql:
+        _comment(operations, "tier tables made by a release before 0.4 need the columns of "
+                 "the one-statement take: run this migration online, or `sqlalchemy-tickets "
+                 "init --url URL --datacenter-tier`, to add them")
+        return
+    # Tables made by an older release: the columns of the one-statement take are added.
+    backend = backend_for(context.dialect.name)
+    _, state = backend.tier_tables(tier_tables(operation.table_prefix))
+    for _, ddl in backend.missing_columns(operations.get_bind(), state):
+        operations.execute(ddl)
 
 
 @Operations.implementation_for(DropDatacenterTablesOp)

@@ -723,6 +723,8 @@ class DatacenterTier:
             # migration).
             create_tables(self.own, self.names)
             self._created = True
+        elif not self._created:
+            self._check_columns()
         keys = [lane.key for lane in lanes]
         for attempt in (1, 2):
             try:
@@ -743,6 +745,23 @@ class DatacenterTier:
                     "or create_datacenter_tables()"
                 )
             create_tables(self.own, self.names)
+
+    def _check_columns(self) -> None:
+        """Refuse, with what to run, tables an older release made (``create_missing=False``
+        leaves upgrading them to the operator)."""
+        try:
+            with self._unit(transaction=False) as conn:
+                missing = [c for c, _ in self.backend.missing_columns(conn, self.store.state)]
+        except (MissingTables, sa_exc.NoSuchTableError):
+            return  # no tables: the seed says so
+        if missing:
+            raise UnknownSequenceError(
+                f"the datacenter tier table {self.names.state} on "
+                f"{self.url.render_as_string()} was made by an older release (it lacks "
+                f"{', '.join(missing)}); upgrade it with `sqlalchemy-tickets init --url URL "
+                "--datacenter-tier` (or op.create_datacenter_tables() in a migration)"
+            )
+        self._created = True
 
     # -- internals: taking ids ---------------------------------------------------------------
 

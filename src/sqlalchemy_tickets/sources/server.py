@@ -31,7 +31,7 @@ from .._naming import (
 )
 from ..dialects import TicketBackend, backend_for
 from ..dialects._connect import Bind, OwnEngine, create_under_lock, to_url
-from ..dialects.base import Identity, TableInfo, TableSpec
+from ..dialects.base import MANY, Identity, TableInfo, TableSpec
 from ..errors import (
     ExhaustedError,
     StrideMismatchError,
@@ -554,9 +554,7 @@ class TicketServer:
         self, items: list[tuple[str | None, TicketTable]], bits: int
     ) -> None:
         tables = [table for _, table in items]
-        lives: dict[TicketTable, Identity | None] = self._round_trip(
-            self._identities, tables[0], tables
-        )
+        lives = self._many(self._identities, tables)
         missing = [t for t in tables if lives.get(t) is None]
         if missing:
             if not self.create_missing:
@@ -566,11 +564,9 @@ class TicketServer:
                     "`sqlalchemy-tickets init` or op.create_ticket_tables()"
                 )
             self._create_many_on_first_use(missing)
-            lives.update(self._round_trip(self._identities, missing[0], missing))
+            lives.update(self._many(self._identities, missing))
         present = [t for t in tables if lives.get(t) is not None]
-        infos: dict[TicketTable, TableInfo | None] = self._round_trip(
-            self._describe_many, tables[0], present
-        ) if present else {}
+        infos = self._many(self._describe_many, present)
         recorded: dict[str, Identity] = {}
         new: dict[TicketTable, tuple[Identity, int | None]] = {}
         first_error: TicketsError | None = None
@@ -679,7 +675,7 @@ class TicketServer:
     def _check_identities(self, knowns: list[_Known]) -> bool:
         """Compare many tables' identities with those last seen, in one round trip; a table
         that changed is checked (and healed or refused) alone. Whether any changed."""
-        lives = self._round_trip(self._identities, knowns[0].table, [k.table for k in knowns])
+        lives = self._many(self._identities, [k.table for k in knowns])
         changed = False
         epoch, now = self._epoch, time.monotonic()
         for known in knowns:
@@ -732,9 +728,9 @@ class TicketServer:
         tables = [ticket_table(s, check_bits(bits), self.table_template) for s in sequences]
         if not tables:
             return []
-        lives = self._round_trip(self._identities, tables[0], tables)
+        lives = self._many(self._identities, tables)
         present = [t for t in tables if lives.get(t) is not None]
-        infos = self._round_trip(self._describe_many, tables[0], present) if present else {}
+        infos = self._many(self._describe_many, present)
         return [infos.get(t) for t in tables]
 
     def describe(self, sequence: str | None, *, bits: int = 64) -> TableInfo | None:
@@ -1197,6 +1193,19 @@ class TicketServer:
 
     def _identity(self, cursor: Any, table: TicketTable) -> Identity | None:
         return self.backend.identity(cursor, self.engine.dialect, table)
+
+    def _many(
+        self,
+        read: Callable[[Any, TicketTable, list[TicketTable]], dict[TicketTable, _R]],
+        tables: list[TicketTable],
+    ) -> dict[TicketTable, _R]:
+        """``read`` of many tables, a few hundred per round trip (each bounded by the
+        timeout on its own)."""
+        found: dict[TicketTable, _R] = {}
+        for start in range(0, len(tables), MANY):
+            part = tables[start : start + MANY]
+            found.update(self._round_trip(read, part[0], part))
+        return found
 
     def _identities(
         self, cursor: Any, table: TicketTable, tables: list[TicketTable]
