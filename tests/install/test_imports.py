@@ -249,3 +249,29 @@ def test_every_public_name_is_listed_and_resolves() -> None:
     assert all(report["same"].values()), report["same"]
     assert "no attribute 'no_such_name'" in report["missing"]
 
+
+def test_the_alembic_support_registers_without_the_sources() -> None:
+    """Every ``import alembic`` (>= 1.18) loads the package's plugin through its entry point, so
+    the Alembic support registers its operations, implementations and renderers without the
+    sources or the dialect modules, which only running an operation or autogenerate needs.
+    (``import sqlalchemy_tickets.alembic`` after it: what Alembic < 1.18 needs, a no-op after
+    the plugin.)"""
+    code = textwrap.dedent("""
+        import json, sys
+        import alembic
+        import sqlalchemy_tickets.alembic
+        from alembic.operations import Operations
+        registered = [n for n in ("create_ticket_table", "sync_ticket_sequence",
+                                  "create_datacenter_tables", "create_worker_lease_table")
+                      if hasattr(Operations, n)]
+        print(json.dumps({"loaded": sorted(sys.modules), "registered": registered}))
+    """)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/"
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert len(report["registered"]) == 4
+    alembic_support = ("sqlalchemy_tickets.alembic",)
+    others = tuple(m for m in NOT_ON_BARE_IMPORT if m not in alembic_support)
+    assert _under(report["loaded"], others) == []
