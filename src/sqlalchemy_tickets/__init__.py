@@ -6,7 +6,8 @@ application — so a unit of work that timed out can be retried with the same ke
 
 from __future__ import annotations
 
-from ._reset import drop_ticket_tables
+from typing import TYPE_CHECKING
+
 from .columns import UUID7, ObjectId, PrefixedId, SnowflakeId, TicketId
 from .errors import (
     CommitOutcomeUnknownError,
@@ -20,31 +21,67 @@ from .errors import (
     UnknownSequenceError,
 )
 from .prefix_lookup import async_lookup, lookup
-from .retry import async_retry_session, is_retryable, retry_session
-from .sources import (
-    CachedSource,
-    DatacenterTier,
-    TicketServer,
-    TicketServers,
-    TicketSource,
-    configure,
-)
-from .timeouts import apply_timeouts
+
+if TYPE_CHECKING:
+    from ._reset import drop_ticket_tables
+    from .retry import async_retry_session, is_retryable, retry_session
+    from .sources import (
+        CachedSource,
+        DatacenterTier,
+        TicketServer,
+        TicketServers,
+        TicketSource,
+        configure,
+    )
+    from .timeouts import apply_timeouts
+
+    __version__: str
+
+# Imported when first asked for (``sqlalchemy_tickets.configure``, ``from sqlalchemy_tickets
+# import TicketServer``): the sources, retrying, timeouts and the test helper bring the dialect
+# modules, multiprocessing and a dozen modules of their own, a quarter of what the package would
+# otherwise add to ``import sqlalchemy.orm``, and a bare import (the column types, a model, an
+# Alembic plugin load) needs none of it. They register nothing at import that a column needs
+# first: the column types load the sources when they first draw ids. ``columns`` and
+# ``prefix_lookup`` stay eager: they register the global ``before_flush`` and mapper listeners.
+_LAZY = {
+    "drop_ticket_tables": "._reset",
+    "async_retry_session": ".retry",
+    "is_retryable": ".retry",
+    "retry_session": ".retry",
+    "CachedSource": ".sources",
+    "DatacenterTier": ".sources",
+    "TicketServer": ".sources",
+    "TicketServers": ".sources",
+    "TicketSource": ".sources",
+    "configure": ".sources",
+    "apply_timeouts": ".timeouts",
+}
 
 
-def __getattr__(name: str) -> str:
-    # ``__version__`` is read from the installed metadata when first asked for: importlib.metadata
-    # would otherwise cost every import of the package a scan of the installed distributions.
-    if name != "__version__":
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is not None:
+        from importlib import import_module
+
+        value: object = getattr(import_module(module, __name__), name)
+    elif name == "__version__":
+        # Read from the installed metadata when first asked for: importlib.metadata would
+        # otherwise cost every import of the package a scan of the installed distributions.
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            value = version("sqlalchemy-tickets")
+        except PackageNotFoundError:  # pragma: no cover - running from a source tree
+            value = "0.0.0"
+    else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib.metadata import PackageNotFoundError, version
+    globals()[name] = value
+    return value
 
-    try:
-        found = version("sqlalchemy-tickets")
-    except PackageNotFoundError:  # pragma: no cover - running from a source tree
-        found = "0.0.0"
-    globals()["__version__"] = found
-    return found
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 __all__ = [

@@ -32,9 +32,21 @@ AT_ONCE = 3
 
 @pytest.fixture(scope="module")
 def smoke_runs(
-    backend_admin_url: Callable[[str], str], tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    backend_admin_url: Callable[[str], str],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, Future[tuple[subprocess.CompletedProcess[str], Path]]]]:
-    """Every script's run, a few at a time, each with its own output directory."""
+    """Every selected script's run, a few at a time, each with its own output directory.
+
+    Only the scripts whose ``test_smoke`` was selected run (``-k bench_import`` runs that one):
+    the module's teardown waits for every run it started."""
+    selected = sorted(
+        {
+            item.callspec.params["name"]
+            for item in request.session.items
+            if getattr(item, "originalname", None) == "test_smoke" and hasattr(item, "callspec")
+        }
+    )
     env = {
         **os.environ,
         "TICKETS_BENCH_POSTGRESQL_URL": backend_admin_url("postgresql"),
@@ -62,7 +74,7 @@ def smoke_runs(
         return done, out
 
     with ThreadPoolExecutor(max_workers=AT_ONCE) as pool:
-        yield {name: pool.submit(run, name, tmp_path_factory.mktemp(name)) for name in SCRIPTS}
+        yield {name: pool.submit(run, name, tmp_path_factory.mktemp(name)) for name in selected}
 
 
 def test_scripts_found() -> None:

@@ -254,3 +254,16 @@ def test_closed_generator_issues_nothing() -> None:
     with pytest.raises(TicketsError, match="closed"):
         # the current millisecond's window is retired too
         gen.new_id()
+
+
+def test_the_column_default_lease_namespace_is_the_lease_module_one() -> None:
+    """``SnowflakeId`` spells the default namespace out (its default argument cannot wait for
+    ``sources.lease``, imported when a lease is first needed): the two must not drift apart."""
+    import inspect
+
+    from sqlalchemy_tickets import SnowflakeId
+    from sqlalchemy_tickets.sources.lease import DEFAULT_NAMESPACE, WorkerLease
+
+    column_default = inspect.signature(SnowflakeId).parameters["lease_namespace"].default
+    lease_default = inspect.signature(WorkerLease).parameters["namespace"].default
+    assert column_default == lease_default == DEFAULT_NAMESPACE

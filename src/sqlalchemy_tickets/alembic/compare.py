@@ -69,11 +69,7 @@ from .._naming import (
     tier_tables,
 )
 from ..columns import TicketId
-from ..dialects import backend_for
 from ..errors import TicketsError
-from ..sources.cache import CachedSource
-from ..sources.default import configured_source
-from ..sources.server import TicketServer
 from .ops import CreateDatacenterTablesOp, CreateTicketTableOp, SyncTicketSequenceOp
 from .render import add_type_imports
 
@@ -81,6 +77,10 @@ if TYPE_CHECKING:
     # Only for annotations: while Alembic >= 1.18 loads its plugins, which it does in the middle
     # of importing alembic.autogenerate, that package cannot be imported from yet.
     from alembic.autogenerate.api import AutogenContext
+
+# The sources and the dialect modules are imported by the functions that compare against them
+# (autogenerate, not the import): this module is imported with the package's Alembic support,
+# which every `import alembic` loads through the plugin entry point.
 
 __all__ = ["include_object", "is_ticket_table_name", "ticket_tables"]
 
@@ -151,6 +151,11 @@ def ticket_tables(
 def draws_from(type_: TicketId, database: URL | None) -> bool:
     """Whether a ``TicketId`` column's ids are drawn from ``database`` (the one a migration
     runs on; ``None``: unknown, so only the embedded default counts)."""
+    from ..dialects import backend_for
+    from ..sources.cache import CachedSource
+    from ..sources.default import configured_source
+    from ..sources.server import TicketServer
+
     source = type_.source if type_.source is not None else configured_source()
     if source is None:  # the embedded default, beside the rows
         if database is None:
@@ -171,6 +176,8 @@ def draws_from(type_: TicketId, database: URL | None) -> bool:
 
 def same_database(a: URL, b: URL) -> bool:
     """Whether two URLs name one database (drivers, users and options aside)."""
+    from ..dialects import backend_for
+
     if a.get_backend_name() != b.get_backend_name():
         return False
     try:
@@ -354,6 +361,8 @@ def _tier_prefix(name: str) -> str | None:
 
 def _tier_columns(prefix: str) -> tuple[set[str], set[str]]:
     """The column names of a tier's ``(stock, state)`` tables (the same on every backend)."""
+    from ..dialects import backend_for
+
     stock, state = backend_for("sqlite").tier_tables(tier_tables(prefix))
     return {c.name for c in stock.columns}, {c.name for c in state.columns}
 

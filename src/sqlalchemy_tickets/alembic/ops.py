@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alembic.operations import MigrateOperation, Operations
 
@@ -37,8 +37,12 @@ from .._naming import (
     ticket_table,
     tier_tables,
 )
-from ..dialects.base import TableSpec
 from ..errors import TicketsError
+
+# The dialect modules are imported when an operation runs, not when the operations are
+# registered (every `import alembic` does that, through the package's plugin entry point).
+if TYPE_CHECKING:
+    from ..dialects.base import TableSpec
 
 __all__ = [
     "CreateDatacenterTablesOp",
@@ -129,6 +133,8 @@ class CreateTicketTableOp(_TicketTableOp):
     @property
     def spec(self) -> TableSpec:
         """What the backend needs to build the DDL and the seed row."""
+        from ..dialects.base import TableSpec
+
         return TableSpec(self.ticket_table, self.start, self.increment, self.offset)
 
     @classmethod
@@ -287,6 +293,8 @@ class CreateTicketTablesOp(_TicketTablesOp):
     @property
     def specs(self) -> list[TableSpec]:
         """What the backend needs to build each table's DDL and seed row."""
+        from ..dialects.base import TableSpec
+
         return [
             TableSpec(table, self.start, self.increment, self.offset)
             for table in self.ticket_tables

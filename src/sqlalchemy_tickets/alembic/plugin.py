@@ -105,6 +105,10 @@ sys.modules[__name__].__class__ = _PluginModule
 
 def _published() -> bool:
     """Whether the installed distribution publishes this module as an Alembic plugin."""
-    return any(
-        entry.value == __name__ for entry in metadata.entry_points(group="alembic.plugins")
-    )
+    # This runs on every `import alembic` (which loads the plugin): read the entry points of
+    # this distribution alone, not those of every installed one (tens of milliseconds).
+    try:
+        entries = metadata.distribution("sqlalchemy-tickets").entry_points
+    except metadata.PackageNotFoundError:
+        return False
+    return any(e.group == "alembic.plugins" and e.value == __name__ for e in entries)

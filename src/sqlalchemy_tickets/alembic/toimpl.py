@@ -18,16 +18,12 @@ transaction under the tables' creation locks, as ``TicketServer.create_tables`` 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from alembic.operations import Operations
 
 from .._naming import tier_tables
-from ..dialects import backend_for
-from ..dialects.base import TableSpec, TicketBackend, last_id_below
-from ..sources.datacenter import datacenter_table_statements, drop_datacenter_table_statements
-from ..sources.lease import drop_lease_table_statements, lease_table_statements
 from .ops import (
     CreateDatacenterTablesOp,
     CreateTicketTableOp,
@@ -42,12 +38,20 @@ from .ops import (
     _NoOp,
 )
 
+# The dialect modules and the sources that make the statements are imported when an operation
+# runs: this module registers the implementations, and every `import alembic` loads it through
+# the package's plugin entry point.
+if TYPE_CHECKING:
+    from ..dialects.base import TableSpec, TicketBackend
+
 #: Seconds a batch created in an autocommit block waits for another creator's locks (a
 #: migration has no timeout of its own; the ticket servers' clients hold them for milliseconds).
 LOCK_WAIT = 60.0
 
 
 def _backend(operations: Operations) -> TicketBackend:
+    from ..dialects import backend_for
+
     dialect = operations.get_context().dialect
     return backend_for(dialect.name)
 
@@ -137,12 +141,16 @@ def _offline_stride_note(operations: Operations, backend: TicketBackend, spec: T
 
 @Operations.implementation_for(DropTicketTableOp)
 def drop_ticket_table(operations: Operations, operation: DropTicketTableOp) -> None:
+    from ..dialects.base import TableSpec
+
     backend = _backend(operations)
     _emit_all(operations, backend.drop_statements(TableSpec(operation.ticket_table)))
 
 
 @Operations.implementation_for(DropTicketTablesOp)
 def drop_ticket_tables(operations: Operations, operation: DropTicketTablesOp) -> None:
+    from ..dialects.base import TableSpec
+
     backend = _backend(operations)
     specs = [TableSpec(table) for table in operation.ticket_tables]
     _emit_all(operations, backend.drop_statements(*specs))
@@ -150,6 +158,8 @@ def drop_ticket_tables(operations: Operations, operation: DropTicketTablesOp) ->
 
 @Operations.implementation_for(SyncTicketSequenceOp)
 def sync_ticket_sequence(operations: Operations, operation: SyncTicketSequenceOp) -> None:
+    from ..dialects.base import TableSpec
+
     backend = _backend(operations)
     spec = TableSpec(operation.ticket_table)
     t = backend.table(spec)
@@ -166,6 +176,8 @@ def sync_ticket_sequence(operations: Operations, operation: SyncTicketSequenceOp
 
 @Operations.implementation_for(RestrideTicketTableOp)
 def restride_ticket_table(operations: Operations, operation: RestrideTicketTableOp) -> None:
+    from ..dialects.base import TableSpec, last_id_below
+
     backend = _backend(operations)
     t = backend.table(TableSpec(operation.ticket_table))
     floor = sa.case((t.c.id > operation.above, t.c.id), else_=operation.above)
@@ -181,16 +193,22 @@ def _no_op(operations: Operations, operation: _NoOp) -> None:
 
 @Operations.implementation_for(CreateWorkerLeaseTableOp)
 def create_worker_lease_table(operations: Operations, operation: CreateWorkerLeaseTableOp) -> None:
+    from ..sources.lease import lease_table_statements
+
     _emit_all(operations, lease_table_statements(name=operation.name))
 
 
 @Operations.implementation_for(DropWorkerLeaseTableOp)
 def drop_worker_lease_table(operations: Operations, operation: DropWorkerLeaseTableOp) -> None:
+    from ..sources.lease import drop_lease_table_statements
+
     _emit_all(operations, drop_lease_table_statements(name=operation.name))
 
 
 @Operations.implementation_for(CreateDatacenterTablesOp)
 def create_datacenter_tables(operations: Operations, operation: CreateDatacenterTablesOp) -> None:
+    from ..sources.datacenter import datacenter_table_statements
+
     context = operations.get_context()
     _emit_all(operations, datacenter_table_statements(
         dialect=context.dialect.name, table_prefix=operation.table_prefix
@@ -201,7 +219,7 @@ def create_datacenter_tables(operations: Operations, operation: CreateDatacenter
                  "init --url URL --datacenter-tier`, to add them")
         return
     # Tables made by an older release: the columns of the one-statement take are added.
-    backend = backend_for(context.dialect.name)
+    backend = _backend(operations)
     _, state = backend.tier_tables(tier_tables(operation.table_prefix))
     for _, ddl in backend.missing_columns(operations.get_bind(), state):
         operations.execute(ddl)
@@ -209,6 +227,8 @@ def create_datacenter_tables(operations: Operations, operation: CreateDatacenter
 
 @Operations.implementation_for(DropDatacenterTablesOp)
 def drop_datacenter_tables(operations: Operations, operation: DropDatacenterTablesOp) -> None:
+    from ..sources.datacenter import drop_datacenter_table_statements
+
     dialect = operations.get_context().dialect.name
     _emit_all(operations, drop_datacenter_table_statements(
         dialect=dialect, table_prefix=operation.table_prefix

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine
 from sqlalchemy.types import TypeDecorator
 
 from .._deprecation import renamed_keyword
-from ..dialects import backend_for
 from ..errors import TicketsError
 from ..generators import _registry
 from ..generators.snowflake import (
@@ -30,8 +29,16 @@ from ..generators.snowflake import (
     SnowflakeParts,
     epoch_ms,
 )
-from ..sources.lease import DEFAULT_NAMESPACE, WorkerLease
 from ._assign import AssignedIdType, EngineGetter
+
+# Leases (sources.lease, and with it every source and the dialect modules) are imported when a
+# column first needs one, not with the column type.
+if TYPE_CHECKING:
+    from ..sources.lease import WorkerLease
+
+#: ``sources.lease.DEFAULT_NAMESPACE``, spelled out: a default argument cannot wait for the
+#: import (a unit test holds the two equal).
+DEFAULT_NAMESPACE = "default"
 
 __all__ = ["SnowflakeId"]
 
@@ -148,6 +155,8 @@ class SnowflakeId(AssignedIdType, TypeDecorator[int]):
     def _resolve(self, engine: EngineGetter) -> SnowflakeGenerator:
         generator = self._slot.generator
         if generator is None:
+            from ..dialects import backend_for
+
             app = engine()
             url = backend_for(app.url.get_backend_name()).embedded_url(app.url)
             generator = self._generator(("lease", _lease_key(self, url)), url)
@@ -183,6 +192,8 @@ class SnowflakeId(AssignedIdType, TypeDecorator[int]):
 
 
 def _lease_key(type_: SnowflakeId, bind: object) -> Hashable:
+    from ..sources.lease import WorkerLease
+
     if isinstance(bind, WorkerLease):
         return bind
     if isinstance(bind, Engine):
@@ -197,6 +208,8 @@ def _lease_key(type_: SnowflakeId, bind: object) -> Hashable:
 
 def _lease(type_: SnowflakeId, bind: Any) -> WorkerLease:
     """The shared WorkerLease for a bind (held while a generator uses it)."""
+    from ..sources.lease import WorkerLease
+
     if isinstance(bind, WorkerLease):
         return bind
     return _registry.leases.get(

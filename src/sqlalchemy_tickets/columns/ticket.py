@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -13,9 +13,13 @@ from sqlalchemy.types import TypeDecorator
 
 from .._naming import check_bits, normalize_sequence
 from ..errors import TicketsError
-from ..sources.base import KeepsAbove, TicketSource, ensure_above_in, take
-from ..sources.default import resolve
 from ._assign import AssignedIdType, EngineGetter
+
+# The sources (servers, caches, tiers, the embedded default: most of the package, with the
+# dialect modules) are imported where ids are first drawn, not with the column type: defining
+# a model or importing the package does not need them.
+if TYPE_CHECKING:
+    from ..sources.base import TicketSource
 
 __all__ = ["TicketId"]
 
@@ -67,9 +71,7 @@ class TicketId(AssignedIdType, TypeDecorator[int]):
     ) -> None:
         self.bits = check_bits(bits)
         self.sequence = normalize_sequence(sequence)
-        if source is not None and not isinstance(source, TicketSource):
-            from ..errors import TicketsError
-
+        if source is not None and not _is_source(source):
             raise TicketsError(f"{source!r} is not a ticket source (needs next_id, next_block)")
         self.source = source
         super().__init__()
@@ -90,11 +92,15 @@ class TicketId(AssignedIdType, TypeDecorator[int]):
         return (self._source(engine), self.sequence, self.bits)
 
     def new_ids(self, engine: EngineGetter, count: int) -> list[int]:
+        from ..sources.base import take
+
         return take(self._source(engine), self.sequence, count, self.bits)
 
     def unmet_floors(
         self, engine: EngineGetter, columns: list[sa.Column[Any]]
     ) -> list[sa.Column[Any]]:
+        from ..sources.base import KeepsAbove
+
         source = self._source(engine)
         if not isinstance(source, KeepsAbove):
             return []
@@ -108,6 +114,8 @@ class TicketId(AssignedIdType, TypeDecorator[int]):
         return [c for c in columns if _column_key(c) not in met]
 
     def keep_above(self, engine: EngineGetter, floor: int, columns: list[sa.Column[Any]]) -> None:
+        from ..sources.base import ensure_above_in
+
         source = self._source(engine)
         if floor > 0:
             ensure_above_in(source, self.sequence, floor, self.bits)
@@ -117,10 +125,18 @@ class TicketId(AssignedIdType, TypeDecorator[int]):
                 met.update(map(_column_key, columns))
 
     def _source(self, engine: EngineGetter) -> TicketSource:
+        from ..sources.default import resolve
+
         return resolve(self.source, engine)
 
     def copy(self, **kw: Any) -> TicketId:
         return TicketId(self.sequence, bits=self.bits, source=self.source)
+
+
+def _is_source(source: object) -> bool:
+    from ..sources.base import TicketSource
+
+    return isinstance(source, TicketSource)
 
 
 TicketId.__module__ = "sqlalchemy_tickets"

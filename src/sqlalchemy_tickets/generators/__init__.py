@@ -6,16 +6,8 @@
 
 from __future__ import annotations
 
-from ..sources.lease import (
-    DEFAULT_LEASE_TABLE,
-    LeaseGrant,
-    LeaseRow,
-    WorkerLease,
-    create_lease_table,
-    drop_lease_table_statements,
-    lease_table,
-    lease_table_statements,
-)
+from typing import TYPE_CHECKING
+
 from .objectid import ObjectIdGenerator, check_object_id, object_id_time
 from .prefixed import PrefixedIdGenerator, PrefixedParts, check_prefix
 from .prefixed import parse as parse_prefixed
@@ -27,6 +19,49 @@ from .snowflake import (
 )
 from .snowflake import parse as parse_snowflake
 from .uuid7 import UUID7Generator, uuid7, uuid7_from_fields, uuid7_time
+
+if TYPE_CHECKING:
+    from ..sources.lease import (
+        DEFAULT_LEASE_TABLE,
+        LeaseGrant,
+        LeaseRow,
+        WorkerLease,
+        create_lease_table,
+        drop_lease_table_statements,
+        lease_table,
+        lease_table_statements,
+    )
+
+# The lease names are imported from sources.lease when first asked for: importing it imports
+# every source and the dialect modules, which the generators (and the column types built on
+# them, imported with the package) do not need.
+_FROM_LEASE = frozenset(
+    {
+        "DEFAULT_LEASE_TABLE",
+        "LeaseGrant",
+        "LeaseRow",
+        "WorkerLease",
+        "create_lease_table",
+        "drop_lease_table_statements",
+        "lease_table",
+        "lease_table_statements",
+    }
+)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _FROM_LEASE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from ..sources import lease
+
+    value: object = getattr(lease, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "DEFAULT_LEASE_TABLE",

@@ -50,12 +50,16 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .. import _process
 from .._deprecation import time_ns_keyword
 from ..errors import ExhaustedError, TicketsError
-from ..sources.lease import Heartbeat, LeaseGrant, WorkerLease
+
+# A lease needs a database: sources.lease (and with it every source and the dialect modules) is
+# imported when a leased generator first takes its worker id, not with the generators.
+if TYPE_CHECKING:
+    from ..sources.lease import Heartbeat, LeaseGrant, WorkerLease
 
 __all__ = [
     "TWITTER_EPOCH_MS",
@@ -346,6 +350,8 @@ class SnowflakeGenerator:
     # -- leases --------------------------------------------------------------------------------
 
     def _acquire(self, ms: int) -> None:
+        from ..sources.lease import Heartbeat
+
         lease = self.lease
         if lease is None:  # pragma: no cover - the constructor prevents it
             raise TicketsError("no worker id and no lease")

@@ -3,12 +3,42 @@ the default source."""
 
 from __future__ import annotations
 
-from .base import TicketSource
-from .cache import CachedSource
-from .datacenter import DatacenterTier
-from .default import configure
-from .server import TicketServer
-from .servers import TicketServers
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .base import TicketSource
+    from .cache import CachedSource
+    from .datacenter import DatacenterTier
+    from .default import configure
+    from .server import TicketServer
+    from .servers import TicketServers
+
+# Each loaded when first asked for: most applications use one or two kinds of source, and the
+# datacenter tier alone is a handful of modules.
+_WHERE = {
+    "CachedSource": ".cache",
+    "DatacenterTier": ".datacenter",
+    "TicketServer": ".server",
+    "TicketServers": ".servers",
+    "TicketSource": ".base",
+    "configure": ".default",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value: object = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "CachedSource",

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _process
-from .. import metrics as _metrics
 from .._deprecation import warn_renamed
 from .._naming import check_bits, normalize_sequence
 from ..errors import ExhaustedError, TicketsError, TicketServerUnavailable
@@ -228,7 +227,9 @@ class CachedSource:
         self._reset_state()
         _open.register(self)
         _process.track(self)
-        _metrics.enable_if_installed()
+        from .. import metrics  # here: a process that makes no cache needs none of it
+
+        metrics.enable_if_installed()
 
     def _reset_state(self) -> None:
         self._lanes: dict[tuple[str | None, int], _Lane] = {}
