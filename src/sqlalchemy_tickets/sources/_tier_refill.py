@@ -103,7 +103,6 @@ class Lane:
         return f"{self.sequence or 'Tickets'}/{self.bits}"
 
 
-
 @dataclass
 class _Refill:
     """One lane's refill in progress, in a refill thread."""
@@ -116,7 +115,6 @@ class _Refill:
     @property
     def left(self) -> int:
         return self.size - self.got
-
 
 
 class TierRefills:
@@ -167,6 +165,10 @@ class TierRefills:
         try:
             self._tell_marks([r.lane for r in claimed if not r.lane.told])
             done = self._bring(claimed)
+        except TicketsError as error:  # the tier's database, or upstream as a whole
+            for refill in claimed:
+                self.failed(refill.lane, error, final=False)
+            return
         finally:
             self._release([r.lane for r in claimed])
         for lane in done:
