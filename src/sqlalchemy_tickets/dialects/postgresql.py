@@ -204,9 +204,10 @@ class PostgreSQLBackend(ReturningBackend):
             connection.execute(_LOCK_ALL, {"cls": _LOCK_CLASS, "keys": keys})
             yield
 
-    # Each table a transaction creates holds two slots of the shared lock table (the table
-    # and its primary key's index) until COMMIT, beside its advisory lock; the lock table has
-    # max_locks_per_transaction (64) x max_connections (100) slots by default.
+    # Each table a transaction creates holds six slots of the shared lock table until COMMIT
+    # (the table and its index, their catalog objects, the index build, the seed's insert),
+    # beside its advisory lock; the lock table has max_locks_per_transaction (64) x
+    # max_connections (100) slots by default, about a thousand tables' worth.
     create_batch = 100
 
     def existing_tables(self, connection: sa.Connection, names: Sequence[str]) -> set[str]:
