@@ -508,9 +508,11 @@ class TicketServer:
         ``auto_increment_increment``/``auto_increment_offset`` before anything is created.
         Then one catalog query finds the tables missing, and they are created and seeded in
         batches, each batch one transaction (where DDL is transactional) under the creation
-        locks of its tables: no client sees a table without its row, and several processes
-        creating overlapping lists wait for each other — never deadlock — and each table is
-        created and seeded once, by one of them. Other clients wait for a batch's locks for
+        locks of its tables: no client of the library sees a table without its row (on
+        MySQL/MariaDB, whose DDL commits at once, one that finds it first waits for the lock),
+        and several processes creating overlapping lists wait for each other — never
+        deadlock — and each table is created and seeded once, by one of them. Other clients
+        wait for a batch's locks for
         at most ``timeout``: batches are sized, from the pace of the previous one, to take
         about a quarter of it (and at most 100 tables on PostgreSQL, whose lock table holds
         each until COMMIT); each statement gets the whole ``timeout``. Behind PgBouncer in
@@ -521,8 +523,11 @@ class TicketServer:
         Args:
             sequences: sequence names (case-insensitive; repeats are created once); ``None``
                 is Flickr's ``Tickets64`` (``bits=32``: ``Tickets32``).
-            bits, start, increment, offset: as for :meth:`create`; ``increment``/``offset``
-                default to this server's ``stride`` (else 1, 1).
+            bits: 64 or 32, the width of the ids, the same for every table.
+            start, increment, offset: the first id each table issues is the smallest id
+                >= ``start`` that is congruent to ``offset`` modulo ``increment`` (``offset``
+                is this server's position among ``increment`` servers); ``increment`` and
+                ``offset`` default to this server's ``stride`` (else 1, 1).
 
         Raises:
             TicketsError: a bad name, ``bits`` or stride (nothing written).
