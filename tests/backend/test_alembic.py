@@ -3,11 +3,12 @@ autogenerate, and bad input refused with nothing written."""
 
 from __future__ import annotations
 
+import io
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,10 +27,17 @@ from sqlalchemy_tickets import (
     TicketServer,
     TicketServers,
 )
-from sqlalchemy_tickets.alembic import CreateTicketTableOp, DropTicketTableOp, include_object
+from sqlalchemy_tickets.alembic import (
+    CreateTicketTableOp,
+    CreateTicketTablesOp,
+    DropTicketTableOp,
+    DropTicketTablesOp,
+    include_object,
+)
 from sqlalchemy_tickets.errors import TicketsError
 from sqlalchemy_tickets.sources.datacenter import describe_datacenter
 from support.alembic_tier import run_alembic, tier_project
+from support.tables import drop_ticket_tables_one_by_one
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "migrations_examples"
 BACKENDS = ["sqlite", "postgresql", "mysql"]
@@ -81,9 +89,11 @@ def operations(url: str) -> Iterator[Operations]:
 
 
 @pytest.fixture
-def url(database_url: str) -> str:
-    """A fresh, empty database on each backend (``@pytest.mark.backend`` narrows them)."""
-    return database_url
+def url(database_url: str) -> Iterator[str]:
+    """A fresh, empty database on each backend (``@pytest.mark.backend`` narrows them); its
+    ticket tables, hundreds in some tests, are dropped one by one afterwards."""
+    yield database_url
+    drop_ticket_tables_one_by_one(database_url)
 
 
 # -- the example projects, online ------------------------------------------------------------
@@ -368,6 +378,150 @@ def test_flickr_stride_the_server_cannot_supply(url: str) -> None:
     with pytest.raises(TicketsError), operations(url) as op:
         op.create_ticket_table(increment=2, offset=2)  # type: ignore[attr-defined]
     assert "Tickets64" not in table_names(url)
+
+
+# -- many tables at once --------------------------------------------------------------------------
+
+MANY = [f"seq{i:03d}" for i in range(250)]
+MANY_TABLES = {f"tickets__{name}" for name in MANY}
+
+
+def ticket_rows(url: str, names: Iterable[str]) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of each named ticket table: ``(id, increment, offset)``."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return {
+                name: [
+                    tuple(row)
+                    for row in conn.execute(sa.select(sa.table(
+                        name, sa.column("id"), sa.column("increment"), sa.column("offset")
+                    )))
+                ]
+                for name in names
+            }
+    finally:
+        engine.dispose()
+
+
+def test_create_ticket_tables_reverse_and_again(url: str) -> None:
+    create = CreateTicketTablesOp(MANY, increment=2, offset=2)
+    with operations(url) as op:
+        op.invoke(create)
+    assert MANY_TABLES <= table_names(url)
+    assert ticket_rows(url, MANY_TABLES) == {name: [(0, 2, 2)] for name in MANY_TABLES}
+    assert draw(url, MANY[-1], 2) == range(2, 6, 2)
+
+    with operations(url) as op:  # again: the existing tables are left as they are
+        op.create_ticket_tables(MANY)  # type: ignore[attr-defined]
+    assert draw(url, MANY[-1], 1) == range(6, 7)
+
+    drop = create.reverse()
+    assert isinstance(drop, DropTicketTablesOp)
+    with operations(url) as op:
+        op.invoke(drop)
+    assert table_names(url) & MANY_TABLES == set()
+    with operations(url) as op:
+        op.invoke(drop.reverse())  # the create it came from, stride included
+    assert draw(url, MANY[0], 1) == range(2, 3)
+    with operations(url) as op:
+        op.drop_ticket_tables(MANY)  # type: ignore[attr-defined]
+    assert table_names(url) & MANY_TABLES == set()
+
+
+def test_create_ticket_tables_in_batches_in_an_autocommit_block(url: str) -> None:
+    """Inside ``autocommit_block()`` the tables are committed batch by batch, each batch under
+    the creation locks of ``TicketServer.create_tables``: 250 tables, three batches."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn)
+            with context.begin_transaction():
+                with context.autocommit_block():
+                    Operations(context).create_ticket_tables(MANY)  # type: ignore[attr-defined]
+    finally:
+        engine.dispose()
+    assert ticket_rows(url, MANY_TABLES) == {name: [(0, 1, 1)] for name in MANY_TABLES}
+    assert draw(url, MANY[100], 1) == range(1, 2)
+
+
+@pytest.mark.backend("postgresql")
+def test_create_ticket_tables_share_the_migrations_transaction(url: str) -> None:
+    """PostgreSQL: in the migration's transaction, a migration that fails leaves no table;
+    in an autocommit block, the batches are committed as they go."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+
+    def migrate(autocommit: bool) -> None:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn)
+            with pytest.raises(RuntimeError), context.begin_transaction():
+                op = Operations(context)
+                op.create_table("before", sa.Column("id", sa.Integer, primary_key=True))
+                if autocommit:
+                    with context.autocommit_block():
+                        op.create_ticket_tables(MANY)  # type: ignore[attr-defined]
+                else:
+                    op.create_ticket_tables(MANY)  # type: ignore[attr-defined]
+                raise RuntimeError("a later step of the migration fails")
+
+    try:
+        migrate(autocommit=False)
+        assert not {"before", *MANY_TABLES} & table_names(url)
+        migrate(autocommit=True)
+        # The autocommit block committed what came before it, and its own batches.
+        assert {"before", *MANY_TABLES} <= table_names(url)
+    finally:
+        engine.dispose()
+
+
+def _offline_script(dialect: str, *calls: Callable[[Operations], None]) -> str:
+    buffer = io.StringIO()
+    context = MigrationContext.configure(
+        dialect_name=dialect, opts={"as_sql": True, "output_buffer": buffer}
+    )
+    for call in calls:
+        call(Operations(context))
+    return buffer.getvalue()
+
+
+def test_create_and_drop_ticket_tables_offline_scripts_run(url: str, backend: str) -> None:
+    dialect = sa.engine.make_url(url).get_dialect().name
+    names = MANY[:120]
+    tables = {f"tickets__{name}" for name in names}
+    create = _offline_script(
+        dialect,
+        lambda op: op.create_ticket_tables(names, start=10, increment=3, offset=2),  # type: ignore[attr-defined]
+    )
+    assert create.count("CREATE TABLE IF NOT EXISTS") == 120
+    _run_script(url, create)
+    # first id 11 (the smallest >= 10 that is 2 mod 3)
+    assert ticket_rows(url, tables) == {name: [(8, 3, 2)] for name in tables}
+    assert draw(url, names[7], 2) == range(11, 17, 3)
+    _run_script(url, create)  # written to run again: the tables are left as they are
+    assert draw(url, names[7], 1) == range(17, 18)
+
+    drop = _offline_script(dialect, lambda op: op.drop_ticket_tables(names))  # type: ignore[attr-defined]
+    assert drop.count("DROP TABLE IF EXISTS") == 120 and drop.count("DELETE FROM") == 1
+    _run_script(url, drop)
+    assert table_names(url) & tables == set()
+
+
+@pytest.mark.parametrize(
+    ("sequences", "kwargs"),
+    [
+        ([*MANY[:100], "bad-name", *MANY[100:]], {}),
+        (MANY, {"increment": 2, "offset": 3}),
+        (MANY, {"bits": 16}),
+        ("photos", {}),
+        ([*MANY, None], {"increment": 2, "offset": 2}),  # Flickr's table has no stride here
+    ],
+)
+def test_create_ticket_tables_bad_input_writes_nothing(
+    url: str, sequences: Any, kwargs: dict[str, int]
+) -> None:
+    with pytest.raises(TicketsError), operations(url) as op:
+        op.create_ticket_tables(sequences, **kwargs)  # type: ignore[attr-defined]
+    assert not any(name.lower().startswith("tickets") for name in table_names(url))
 
 
 # -- autogenerate -------------------------------------------------------------------------------

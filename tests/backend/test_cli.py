@@ -18,6 +18,7 @@ from sqlalchemy_tickets.cli import BLOCK, MAX_COUNT, _duration
 from sqlalchemy_tickets.sources.datacenter import TierStatus, describe_datacenter
 from support.cli import ENV, SCRIPT, run
 from support.proxy import TcpProxy
+from support.tables import drop_ticket_tables_one_by_one
 
 
 def error_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -150,6 +151,125 @@ def test_init_refuses_an_existing_table_with_another_stride(make_database, backe
     # Asked for nothing: the existing table is taken as it is.
     kept = run("init", "--url", a, "photos")
     assert kept.returncode == 0 and "(increment 1, offset 1)" in kept.stdout
+
+
+# -- init with many sequences --------------------------------------------------------------------
+
+MANY = [f"seq{i:03d}" for i in range(200)]
+
+
+def _names_file(path: Path, names: list[str]) -> Path:
+    """``names`` one per line, between comments, blank lines and a repeat in another case."""
+    lines = ["# sequences of the app", ""]
+    for i, name in enumerate(names):
+        lines.append(f"{name}   # the {i}th" if i % 50 == 0 else name)
+        if i % 40 == 0:
+            lines += ["", "   # an indented comment", name.upper()]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_init_many_sequences_from_a_file_and_the_command_line(
+    make_database, backend: str, tmp_path: Path
+) -> None:
+    url = make_database(backend)
+    names_file = _names_file(tmp_path / "names.txt", MANY)
+    result = run("init", "--url", url, "Photos", "--from-file", str(names_file))
+    assert result.returncode == 0, result.stderr
+    shown = _shown_url(url)
+    # One line per sequence, repeats once, in order: the names on the command line first.
+    assert result.stdout.splitlines() == [
+        f"{name}: ready (increment 1, offset 1) on {shown}" for name in ["Photos", *MANY]
+    ]
+    assert len(ticket_table_names(url)) == 201
+    assert run("next", "--url", url, MANY[-1]).stdout.split() == ["1"]
+
+    again = run("init", "--url", url, "Photos", "--from-file", str(names_file))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == result.stdout  # existing tables described, left as they are
+    assert run("next", "--url", url, MANY[-1]).stdout.split() == ["2"]
+    drop_ticket_tables_one_by_one(url)
+
+
+def test_init_from_standard_input(make_database, tmp_path: Path) -> None:
+    url = make_database("sqlite")
+    piped = subprocess.run(
+        [SCRIPT, "init", "--url", url, "--from-file", "-"], input="# two\nphotos\n\nusers\n",
+        capture_output=True, text=True, timeout=120, env=ENV, check=False,
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert [line.split(":")[0] for line in piped.stdout.splitlines()] == ["photos", "users"]
+
+
+def _bad_name_files(tmp_path: Path) -> list[tuple[str, str]]:
+    """``(path, what the error line says)`` for files ``--from-file`` refuses."""
+    bad = tmp_path / "bad.txt"
+    bad.write_text("photos\n# fine so far\nbad-name\nusers\n", encoding="utf-8")
+    long = tmp_path / "long.txt"
+    long.write_text("\n".join(MANY) + "\n" + "x" * 41 + "\n", encoding="utf-8")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("# nothing but comments\n\n   \n", encoding="utf-8")
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"photos\n\xff\xfe\x00users\n")
+    return [
+        (str(bad), "line 3: invalid sequence name 'bad-name'"),
+        (str(long), "line 201: invalid sequence name"),
+        (str(empty), "names no sequence"),
+        (str(binary), "cannot read it"),
+        (str(tmp_path / "missing.txt"), "cannot read it: No such file or directory"),
+        (str(tmp_path), "cannot read it"),  # a directory
+    ]
+
+
+def test_init_from_a_bad_file_exits_2_with_nothing_written(tmp_path: Path) -> None:
+    db_file = tmp_path / "tickets.db"
+    for path, message in _bad_name_files(tmp_path):
+        result = run("init", "--url", f"sqlite:///{db_file}", "photos", "--from-file", path)
+        assert result.returncode == 2, (path, result.stderr)
+        line = error_line(result)
+        assert f"--from-file {path}" in line and message in line, line
+        assert result.stdout == ""
+        assert not db_file.exists(), path
+    piped = subprocess.run(
+        [SCRIPT, "init", "--url", f"sqlite:///{db_file}", "--from-file", "-"],
+        input="photos\nno good\n", capture_output=True, text=True, timeout=120, env=ENV,
+        check=False,
+    )
+    assert piped.returncode == 2
+    assert "--from-file standard input, line 2: invalid sequence name 'no good'" in error_line(
+        piped
+    )
+    assert not db_file.exists()
+
+
+def test_init_from_a_file_refuses_another_stride_and_changes_nothing(
+    make_database, backend: str, tmp_path: Path
+) -> None:
+    url = make_database(backend)
+    assert run("init", "--url", url, "photos").returncode == 0
+    assert run("next", "--url", url, "photos", "--count", "5").returncode == 0
+    names_file = _names_file(tmp_path / "names.txt", [*MANY[:50], "photos"])
+    refused = run("init", "--url", url, "--from-file", str(names_file), "--increment", "2",
+                  "--offset", "2")
+    assert refused.returncode == 1
+    line = error_line(refused)
+    assert "photos" in line and "increment 1, offset 1" in line and "restride" in line
+    assert describe(url, "photos") == (1, 1, 5)
+    assert ticket_table_names(url) == {"tickets__photos"}  # none of the others made
+
+
+def _shown_url(url: str) -> str:
+    return sa.engine.make_url(url).render_as_string(hide_password=True)
+
+
+def ticket_table_names(url: str) -> set[str]:
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            names = sa.inspect(conn).get_table_names()
+    finally:
+        engine.dispose()
+    return {name for name in names if name.startswith("tickets__")}
 
 
 # -- next ----------------------------------------------------------------------------------------

@@ -27,14 +27,16 @@ from sqlalchemy_tickets import UUID7, PrefixedId, TicketId
 from sqlalchemy_tickets.alembic import (
     CreateDatacenterTablesOp,
     CreateTicketTableOp,
+    CreateTicketTablesOp,
     DropDatacenterTablesOp,
     DropTicketTableOp,
+    DropTicketTablesOp,
     SyncTicketSequenceOp,
     include_object,
     is_ticket_table_name,
     plugin,
 )
-from sqlalchemy_tickets.alembic.render import add_type_imports
+from sqlalchemy_tickets.alembic.render import IMPORT_LINE, add_type_imports
 from sqlalchemy_tickets.errors import TicketsError
 from sqlalchemy_tickets.sources.datacenter import (
     datacenter_table_statements,
@@ -294,6 +296,117 @@ def test_render() -> None:
         "op.drop_ticket_table('photos')",
         "op.drop_ticket_table(bits=32)",
     ]
+
+
+# -- many tables at once --------------------------------------------------------------------------
+
+
+def test_ticket_tables_offline_on_every_dialect() -> None:
+    for dialect in ("sqlite", "postgresql", "mysql"):
+        op, buffer = _ops(dialect)
+        op.create_ticket_tables(["Photos", "tags", "photos"], start=10, increment=3, offset=2)  # type: ignore[attr-defined]
+        op.drop_ticket_tables(["Photos", "tags"])  # type: ignore[attr-defined]
+        sql = buffer.getvalue()
+        # Each table once (Photos and photos are one sequence), its seed after its CREATE.
+        assert sql.count("CREATE TABLE IF NOT EXISTS") == 3  # two ticket tables, the stamps
+        assert NAMED_CREATE[dialect] in sql
+        assert seed_insert(dialect, 8, 3, 2) in sql
+        assert sql.index("tickets__photos") < sql.index("INSERT") < sql.index("tickets__tags")
+        # Dropped, and their recorded identities forgotten in one statement.
+        assert sql.count("DROP TABLE IF EXISTS") == 2
+        assert sql.count("DELETE FROM tickets_stamps") == 1
+        assert "IN ('tickets__photos', 'tickets__tags')" in sql
+
+
+def test_flickr_in_a_list_of_ticket_tables_offline() -> None:
+    op, buffer = _ops("mysql")
+    op.create_ticket_tables([None, "photos"], increment=2, offset=1)  # type: ignore[attr-defined]
+    sql = buffer.getvalue()
+    # There is no server to check offline: the script says what it needs, before the table.
+    note = ("-- sqlalchemy-tickets: Tickets64 takes its stride from the server: run this only on "
+            "a server with auto_increment_increment=2 and auto_increment_offset=1")
+    assert sql.index(note) < sql.index("`Tickets64`") < sql.index("tickets__photos")
+    assert "INSERT IGNORE INTO `Tickets64`" not in sql
+    # Elsewhere Flickr's table has no stride: refused with nothing written.
+    op, buffer = _ops("postgresql")
+    with pytest.raises(TicketsError, match="Tickets64"):
+        op.create_ticket_tables(["photos", None], increment=2, offset=1)  # type: ignore[attr-defined]
+    assert buffer.getvalue() == ""
+
+
+@pytest.mark.parametrize(
+    ("sequences", "kwargs"),
+    [
+        (["photos", "bad-name"], {}),
+        (["photos", ""], {}),
+        (["photos", "x" * 41], {}),
+        (["photos", 7], {}),
+        (["photos"], {"bits": 16}),
+        (["photos"], {"increment": 2, "offset": 3}),
+        (["photos"], {"start": 0}),
+        ("photos", {}),  # a string is not a list of names
+    ],
+)
+def test_ticket_tables_bad_arguments_raise_before_any_sql(
+    sequences: Any, kwargs: dict[str, int]
+) -> None:
+    op, buffer = _ops("postgresql")
+    with pytest.raises(TicketsError):
+        op.create_ticket_tables(sequences, **kwargs)  # type: ignore[attr-defined]
+    assert buffer.getvalue() == ""
+
+
+@pytest.mark.parametrize(
+    ("sequences", "bits"),
+    [(["photos", "bad-name"], 64), (["photos", None], 16), ("photos", 64)],
+)
+def test_drop_ticket_tables_bad_arguments_raise_before_any_sql(sequences: Any, bits: int) -> None:
+    op, buffer = _ops("postgresql")
+    with pytest.raises(TicketsError):
+        op.drop_ticket_tables(sequences, bits=bits)  # type: ignore[attr-defined]
+    assert buffer.getvalue() == ""
+
+
+def test_ticket_tables_reverse_round_trip() -> None:
+    create = CreateTicketTablesOp(["Photos", "tags"], bits=32, start=10, increment=3, offset=2)
+    drop = create.reverse()
+    assert isinstance(drop, DropTicketTablesOp)
+    assert (drop.table_names, drop.bits) == (["tickets__photos", "tickets__tags"], 32)
+    assert drop.reverse() is create  # stride and start included
+    # A drop written by hand reverses to a create with the default stride.
+    plain = DropTicketTablesOp(["photos", None]).reverse()
+    assert isinstance(plain, CreateTicketTablesOp)
+    assert plain.table_names == ["tickets__photos", "Tickets64"]
+    assert (plain.bits, plain.start, plain.increment, plain.offset) == (64, 1, 1, 1)
+    assert plain.to_diff_tuple()[0] == "add_ticket_tables"
+    assert plain.reverse().to_diff_tuple()[0] == "remove_ticket_tables"
+
+
+def test_ticket_tables_render() -> None:
+    upgrade = ops.UpgradeOps(
+        ops=[
+            CreateTicketTablesOp(["photos", "tags"]),
+            CreateTicketTablesOp(["Photos", None], bits=32, start=10, increment=3, offset=2),
+            CreateTicketTablesOp(["a"], table_template="ids_{sequence}_tickets"),
+            DropTicketTablesOp(["photos", "tags"]),
+            DropTicketTablesOp([None], bits=32),
+        ]
+    )
+    lines = [
+        line.strip()
+        for line in render_python_code(upgrade).splitlines()
+        if line.strip().startswith("op.")
+    ]
+    assert lines == [
+        "op.create_ticket_tables(['photos', 'tags'])",
+        "op.create_ticket_tables(['Photos', None], bits=32, start=10, increment=3, offset=2)",
+        "op.create_ticket_tables(['a'], table_template='ids_{sequence}_tickets')",
+        "op.drop_ticket_tables(['photos', 'tags'])",
+        "op.drop_ticket_tables([None], bits=32)",
+    ]
+    autogen_context = _autogen_context()
+    render_op_text(autogen_context, CreateTicketTablesOp(["photos"]))
+    assert autogen_context.imports == {IMPORT_LINE}
 
 
 def test_custom_table_template() -> None:

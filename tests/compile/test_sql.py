@@ -59,6 +59,21 @@ def test_flickr_tables_elsewhere_refuse_a_stride() -> None:
         backend_for("postgresql").create_statements(spec)
 
 
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_dropping_many_tables_forgets_their_identities_in_few_statements(name: str) -> None:
+    backend = backend_for(name)
+    one = [_sql(name, s) for s in backend.drop_statements(TableSpec(ticket_table("photos")))]  # type: ignore[arg-type]
+    # One table: its DROP, the stamp table made if need be, one DELETE of its name.
+    assert len(one) == 3 and "WHERE tickets_stamps.name = " in one[2]
+    specs = [TableSpec(ticket_table(f"seq{i}")) for i in range(1200)]
+    many = [_sql(name, s) for s in backend.drop_statements(*specs)]  # type: ignore[arg-type]
+    assert sum(s.strip().startswith("DROP TABLE IF EXISTS") for s in many) == 1200
+    deletes = [s for s in many if s.startswith("DELETE FROM tickets_stamps")]
+    assert len(deletes) == 3  # 500 names a statement: under every backend's parameter limit
+    assert all(" IN (" in s for s in deletes)
+    assert backend.drop_statements() == []
+
+
 def test_mysql_block_is_one_update_read_from_last_insert_id() -> None:
     backend = backend_for("mysql")
     stmt = backend.statement(DIALECTS["mysql"], ticket_table("Photos"), "take_block",

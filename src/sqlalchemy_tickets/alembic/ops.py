@@ -318,10 +318,10 @@ class CreateTicketTablesOp(_TicketTablesOp):
 
         **Transactions.** Online, the tables are created in the migration's transaction, as
         any other operation's DDL: on PostgreSQL the migration stays all or nothing, but each
-        new table holds two slots of the server's shared lock table until COMMIT, and there
+        new table holds six slots of the server's shared lock table until COMMIT, and there
         are ``max_locks_per_transaction`` (64) x ``max_connections`` (100) of them by default
-        — a migration creating more than about 1,500 tables (fewer beside other work) fails
-        with "out of shared memory". For thousands of tables, either raise
+        — a migration creating about a thousand tables (fewer beside other work) fails with
+        "out of shared memory". For thousands of tables, either raise
         ``max_locks_per_transaction``, split them over several migrations, or run the
         operation in an autocommit block, where it commits in batches of 100 tables, each
         created under the same creation locks as ``TicketServer.create_tables`` (so running

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 #: Seconds a batch created in an autocommit block waits for another creator's locks (a
 #: migration has no timeout of its own; the ticket servers' clients hold them for milliseconds).
-LOCK_WAIT = 60.0
+_LOCK_WAIT = 60.0
 
 
 def _backend(operations: Operations) -> TicketBackend:
@@ -118,7 +118,7 @@ def _create_ticket_tables(operations: Operations, specs: Sequence[TableSpec]) ->
     # In an autocommit block: batches, each created and seeded as one step for other clients.
     for at in range(0, len(missing), backend.create_batch):
         batch = missing[at : at + backend.create_batch]
-        with backend.creating(bind, [spec.table for spec in batch], LOCK_WAIT):
+        with backend.creating(bind, [spec.table for spec in batch], _LOCK_WAIT):
             for spec in batch:
                 _emit_all(operations, statements[spec.table.name])
 

@@ -48,9 +48,13 @@ _LOCK_ALL = sa.text(
     "SELECT pg_advisory_xact_lock(:cls, key) FROM unnest(CAST(:keys AS integer[])) AS key"
 ).bindparams(sa.bindparam("keys", type_=postgresql.ARRAY(sa.Integer)))
 
+#: The tables (any relation: it takes the name) of the schemas on the search path. A query of
+#: the catalog, not to_regclass(): that reads the session's catalog cache, which has not seen
+#: a table committed while the session's transaction waited for a creation lock.
 _EXISTING = sa.text(
-    "SELECT name FROM unnest(CAST(:names AS text[])) AS name "
-    "WHERE to_regclass(quote_ident(name)) IS NOT NULL"
+    "SELECT c.relname FROM pg_catalog.pg_class AS c "
+    "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+    "WHERE c.relname = ANY(CAST(:names AS name[])) AND n.nspname = ANY(current_schemas(false))"
 ).bindparams(sa.bindparam("names", type_=postgresql.ARRAY(sa.Text)))
 
 
@@ -233,14 +237,16 @@ class PostgreSQLBackend(ReturningBackend):
             connection.execute(_LOCK_ALL, {"cls": _LOCK_CLASS, "keys": keys})
             yield
 
-    # Each table a transaction creates holds two slots of the shared lock table (the table
-    # and its primary key's index) until COMMIT, beside its advisory lock; the lock table has
-    # max_locks_per_transaction (64) x max_connections (100) slots by default.
+    # Each table a transaction creates holds six slots of the shared lock table until COMMIT
+    # (the table and its index, their catalog objects, the index build, the seed's insert),
+    # beside its advisory lock; the lock table has max_locks_per_transaction (64) x
+    # max_connections (100) slots by default, about a thousand tables' worth.
     create_batch = 100
 
     def existing_tables(self, connection: sa.Connection, names: Sequence[str]) -> set[str]:
-        # As the library's statements find a table: through the search path.
-        return set(connection.execute(_EXISTING, {"names": list(names)}).scalars())
+        # Where the library's statements find a table: on the search path.
+        return {str(name) for name in connection.execute(_EXISTING, {"names": list(names)})
+                .scalars()}
 
     @contextmanager
     def transaction(self, connection: sa.Connection, timeout: float) -> Iterator[None]:

@@ -775,20 +775,26 @@ class TicketServer:
         ``auto_increment_increment``/``auto_increment_offset`` before anything is created.
         Then one catalog query finds the tables missing, and they are created and seeded in
         batches, each batch one transaction (where DDL is transactional) under the creation
-        locks of its tables: no client sees a table without its row, and several processes
-        creating overlapping lists wait for each other — never deadlock — and each table is
-        created and seeded once, by one of them. Other clients wait for a batch's locks for
+        locks of its tables: no client of the library sees a table without its row (on
+        MySQL/MariaDB, whose DDL commits at once, one that finds it first waits for the lock),
+        and several processes creating overlapping lists wait for each other — never
+        deadlock — and each table is created and seeded once, by one of them. Other clients
+        wait for a batch's locks for
         at most ``timeout``: batches are sized, from the pace of the previous one, to take
         about a quarter of it (and at most 100 tables on PostgreSQL, whose lock table holds
         each until COMMIT); each statement gets the whole ``timeout``. Behind PgBouncer in
-        statement pooling, which refuses transaction blocks, each statement runs on its own
-        (and a table created at that moment by another process may be named by both).
+        statement pooling, which refuses transaction blocks, each statement runs on its own.
+        There, or when a creator that takes no creation lock (a migration) is at work at the
+        same moment, the list may name a table that the other one created.
 
         Args:
             sequences: sequence names (case-insensitive; repeats are created once); ``None``
                 is Flickr's ``Tickets64`` (``bits=32``: ``Tickets32``).
-            bits, start, increment, offset: as for :meth:`create`; ``increment``/``offset``
-                default to this server's ``stride`` (else 1, 1).
+            bits: 64 or 32, the width of the ids, the same for every table.
+            start, increment, offset: the first id each table issues is the smallest id
+                >= ``start`` that is congruent to ``offset`` modulo ``increment`` (``offset``
+                is this server's position among ``increment`` servers); ``increment`` and
+                ``offset`` default to this server's ``stride`` (else 1, 1).
 
         Raises:
             TicketsError: a bad name, ``bits`` or stride (nothing written).
@@ -832,6 +838,9 @@ class TicketServer:
         MySQL/MariaDB, where DDL commits at once, its creator is half-way or died there)."""
         if not specs:
             return []
+        # Built before anything runs: a table the backend refuses (Flickr's with a stride
+        # where the server cannot supply one) fails with nothing written.
+        statements = {spec.table.name: self.backend.create_statements(spec) for spec in specs}
         try:
             with self.own.connect() as conn:
                 for spec in specs:
@@ -848,7 +857,7 @@ class TicketServer:
         while pending:
             batch, pending = pending[:size], pending[size:]
             began = time.monotonic()
-            created += self._create_batch(batch)
+            created += self._create_batch(batch, statements)
             # While a batch runs, other creators of its tables (on SQLite, every writer of
             # the file) wait for its locks, each for at most the timeout: the next batch is
             # sized to take a share of it at this one's pace.
@@ -856,26 +865,27 @@ class TicketServer:
             size = max(1, min(self.backend.create_batch, int(self.timeout * _BATCH_SHARE / pace)))
         return created
 
-    def _create_batch(self, batch: list[TableSpec]) -> list[str]:
-        """Create and seed ``batch`` as one step under its creation locks; the names of the
-        tables that were not there once the locks were held."""
-        fresh: list[TableSpec] = []
+    def _create_batch(
+        self, batch: list[TableSpec], statements: dict[str, list[sa.sql.Executable]]
+    ) -> list[str]:
+        """Create and seed ``batch`` (``statements``: each table's) as one step under its
+        creation locks; the names of the tables that were not there once the locks were held."""
+        fresh: dict[str, None] = {}
 
-        def statements(conn: sa.Connection) -> list[sa.sql.Executable]:
-            # Under the locks: another process may have created some since the first look.
-            # Their statements run all the same (they change nothing there), so that on
-            # MySQL/MariaDB a table whose creator was cut off before its seed gets it.
+        def under_locks(conn: sa.Connection) -> list[sa.sql.Executable]:
+            # Another process may have created some since the first look. Their statements
+            # run all the same (they change nothing there), so that on MySQL/MariaDB a table
+            # whose creator was cut off before its seed gets it. Missing at any attempt: an
+            # attempt that failed statement by statement (no transaction) may have made some.
             found = self.backend.existing_tables(conn, [spec.table.name for spec in batch])
-            fresh[:] = [spec for spec in batch if spec.table.name not in found]
-            return [
-                statement for spec in batch for statement in self.backend.create_statements(spec)
-            ]
+            fresh.update((spec.table.name, None) for spec in batch if spec.table.name not in found)
+            return [statement for spec in batch for statement in statements[spec.table.name]]
 
         self._transactions = create_under_lock(
-            self.own, [spec.table for spec in batch], statements,
+            self.own, [spec.table for spec in batch], under_locks,
             transactions=self._transactions,
         )
-        names = [spec.table.name for spec in fresh]
+        names = list(fresh)
         if len(names) == 1:
             logger.info("created ticket table %s on %s", names[0], self)
         elif names:
