@@ -592,6 +592,8 @@ class CachedSource:
                 if not lane.rest and lane.ahead:
                     lane.rest = lane.ahead.popleft()
                 if lane.rest:
+                    # The rate first: the chunk ends at the low-water mark it gives.
+                    self._observe(lane, refill=False)
                     self._carve(lane)
                     self._observe(lane)
                     continue
@@ -638,7 +640,7 @@ class CachedSource:
 
     # -- internals: sizing --------------------------------------------------------------------
 
-    def _observe(self, lane: _Lane) -> None:
+    def _observe(self, lane: _Lane, *, refill: bool = True) -> None:
         """Update the rate estimate; start a refill if the lane is under its low-water mark."""
         now = self._clock()
         elapsed = now - lane.rate_time
@@ -648,7 +650,7 @@ class CachedSource:
                                   self.window)
             lane.rate_time = now
             lane.rate_count = issued
-        if lane.in_hand <= self._low_water(lane):
+        if refill and lane.in_hand <= self._low_water(lane):
             self._start_refill(lane)
 
     def _budget(self, lane: _Lane) -> int:
