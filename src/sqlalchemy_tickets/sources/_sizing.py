@@ -8,10 +8,11 @@ every process) size from the same estimate:
 
 * the **rate** rises at once to a higher measurement and forgets it over ``window`` seconds;
 * the **target** holds ``supply`` seconds of ids at that rate, within ``min_block`` and
-  ``max_block``, and never more than the waste budget. What a lane holds is what a crash can
-  burn (a clean exit gives it back): at most one and a half targets, so ``max_block`` and the
-  waste budget bound it, and ``stats()["in_hand"]`` (the metric ``tickets.cache.in_hand``)
-  reports it;
+  ``max_block`` and the waste budget, and never more than the lane has issued so far: what a
+  lane holds is what a crash burns (a clean exit gives it back), so a process that crashes
+  burns at most about as many ids as it used — a crash-looping worker over a 32-bit sequence
+  does not burn a block of minutes per crash — while a lane in use for a while holds its
+  ``supply`` seconds and rides out an outage of at least ``supply / 2`` seconds;
 * the **low-water mark** is half the target, and never less than four refill latencies of ids,
   so a refill asked for there lands long before the ids run out: a double buffer;
 * a block that ran out in less than a quarter of ``supply`` seconds means the rate lags behind
@@ -62,10 +63,15 @@ class Sizing:
     min_block: int
     max_block: int
 
-    def target(self, rate: float, budget: int, grown: int = 0) -> int:
+    def target(
+        self, rate: float, budget: int, grown: int = 0, issued: int | None = None
+    ) -> int:
         """Ids to hold: ``supply`` seconds at ``rate`` (or ``grown``, a doubled block, if
-        larger), within ``min_block``..``max_block`` and the ``budget``."""
+        larger), within ``min_block``..``max_block``, the ``budget`` and what the lane has
+        ``issued`` (at least ``min_block``)."""
         wanted = max(math.ceil(rate * self.supply), grown)
+        if issued is not None:
+            wanted = min(wanted, issued)
         return max(1, min(budget, self.max_block, max(self.min_block, wanted)))
 
     def low_water(self, target: int, rate: float, latency: float, budget: int) -> int:

@@ -658,7 +658,7 @@ class CachedSource:
         return budget_of(self.waste_budget, lane.bits, lane.last_issued)
 
     def _target(self, lane: _Lane) -> int:
-        return self.sizing.target(lane.rate, self._budget(lane), lane.grown)
+        return self.sizing.target(lane.rate, self._budget(lane), lane.grown, lane.issued)
 
     def _low_water(self, lane: _Lane) -> int:
         return self.sizing.low_water(
@@ -674,11 +674,13 @@ class CachedSource:
             lane.grown = self.sizing.grow(lane.block_size, now - lane.asked_at, lane.issued)
         target = self._target(lane)
         held = lane.in_hand
-        # A block of the target's size, plus what a caller of next_block is short of; but
-        # nothing passes the waste budget: that caller gets fewer and asks again.
-        size = min(lane.wanted + target, self._budget(lane) - held)
+        # A block of the target's size, plus what a caller of next_block is short of; but the
+        # lane never holds more than the budget, nor (beyond that caller's need) more than it
+        # has issued: that caller gets fewer and asks again.
+        cap = min(self._budget(lane), max(self.min_block, lane.issued) + lane.wanted)
+        size = min(lane.wanted + target, cap - held)
         if size < 1:
-            return  # the lane already holds its whole budget
+            return  # the lane already holds all it may
         lane.block_size = target
         lane.asked_at = now
         lane.wanted = 0
