@@ -87,7 +87,7 @@ class Prefilled:
     next_id = CachedSource.next_id
 
     def __init__(self, ids: deque[int]) -> None:
-        self._pop64, self._pop = {"bench": ids.popleft}, {("bench", 64): ids.popleft}
+        self._next64, self._next = {"bench": ids.popleft}, {("bench", 64): ids.popleft}
 
     def _next_id_slow(self, sequence: str | None, bits: int) -> int:
         raise AssertionError("the prefilled deque ran dry")
