@@ -207,7 +207,8 @@ def exported_source(ref: str, paths: Sequence[str] = ("src",)) -> Iterator[tuple
     commit ``ref`` names (the full id)."""
     commit = _git("rev-parse", "--verify", f"{ref}^{{commit}}")
     if not commit:
-        raise SystemExit(f"{ref!r} names no commit of {REPO_DIR}")
+        raise SystemExit(f"{ref!r} names no commit of {REPO_DIR} (a clone with its history "
+                         "is needed to compare with it)")
     directory = Path(tempfile.mkdtemp(prefix="tickets_bench_src_"))
     try:
         archive = subprocess.Popen(
@@ -221,6 +222,11 @@ def exported_source(ref: str, paths: Sequence[str] = ("src",)) -> Iterator[tuple
         yield directory, commit
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def has_commit(ref: str) -> bool:
+    """Whether git ``ref`` names a commit here (not in an export, nor a shallow clone)."""
+    return bool(_git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"))
 
 
 def env_with_source(src: Path | str) -> dict[str, str]:
