@@ -85,12 +85,9 @@ def test_child_caches_over_one_parent_never_share_an_id(server: TicketServer) ->
 
 def test_rate_steps_without_blocking_waits_after_warm_up(server: TicketServer) -> None:
     clock = Clock()
-    # waste_ratio=1: blocks follow the rate alone (the default also caps them by a share of
-    # the ids issued so far, which test_short_lived.py covers).
-    cache = CachedSource(
-        server, clock=clock, supply=10.0, min_block=16, window=60.0
-    )
+    cache = CachedSource(server, clock=clock, supply=10.0, min_block=16, window=60.0)
     sizes: dict[str, list[int]] = {"base": [], "spike": [], "after": []}
+    rates: dict[str, list[float]] = {"base": [], "spike": [], "after": []}
     last = 0
     for phase, per_second, seconds in (("base", 10, 60), ("spike", 100, 60), ("after", 10, 120)):
         for _ in range(seconds * 10):  # steps of 100 ms of simulated time
@@ -101,12 +98,14 @@ def test_rate_steps_without_blocking_waits_after_warm_up(server: TicketServer) -
             clock.now += 0.1
             # Wait for the refill a real server takes a few ms for: counted, not timed.
             assert cache.wait_idle(10)
-            sizes[phase].append(cache.stats()["block_size"])
+            stats = cache.stats()
+            sizes[phase].append(stats["block_size"])
+            rates[phase].append(stats["rate"])
     stats = cache.stats()
     assert stats["blocking_waits"] == 1  # the very first id, with an empty cache
-    assert max(sizes["spike"]) >= 5 * max(sizes["base"])  # grew with the spike
-    assert sizes["after"][-1] < max(sizes["spike"])  # and shrank after it...
-    assert sizes["after"][10] > sizes["after"][-1]  # ...slowly
+    assert max(sizes["spike"]) >= 5 * max(sizes["base"])  # blocks grew with the spike
+    assert rates["after"][-1] < max(rates["spike"])  # and the rate fell after it...
+    assert rates["after"][10] > 2 * rates["after"][-1] > 2 * 10  # ...slowly
     cache.close()
 
 

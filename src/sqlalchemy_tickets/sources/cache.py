@@ -432,9 +432,11 @@ class CachedSource:
         ``in_hand`` (plus ``in_flight``) is what a crash would burn now; ``runway`` the seconds
         it lasts at ``rate`` with the source down."""
         per: dict[str, dict[str, Any]] = {}
+        now = self._clock()
         for lane in self._distinct_lanes():
             with lane.lock:
                 in_hand = lane.in_hand
+                rate = self._rate_now(lane, now)
                 per[f"{lane.sequence or 'Tickets'}/{lane.bits}"] = {
                     "issued": lane.issued,
                     "round_trips": lane.round_trips,
@@ -443,8 +445,8 @@ class CachedSource:
                     "block_size": lane.block_size,
                     "in_hand": in_hand,
                     "in_flight": lane.pending,
-                    "rate": lane.rate,
-                    "runway": runway(in_hand, lane.rate),
+                    "rate": rate,
+                    "runway": runway(in_hand, rate),
                     "refill_latency": lane.latency,
                     "burned": lane.burned,
                     "given_back": lane.given_back,
@@ -652,6 +654,15 @@ class CachedSource:
             lane.rate_count = issued
         if refill and lane.in_hand <= self._low_water(lane):
             self._start_refill(lane)
+
+    def _rate_now(self, lane: _Lane, now: float) -> float:
+        """The rate estimate as a sample taken now would make it (lock held; nothing
+        changes): the lane samples only on its slow path, which a quiet lane reaches rarely."""
+        elapsed = now - lane.rate_time
+        if elapsed < RATE_INTERVAL:
+            return lane.rate
+        measured = (lane.issued - lane.rate_count) / elapsed
+        return next_rate(lane.rate, measured, elapsed, self.window)
 
     def _budget(self, lane: _Lane) -> int:
         """The most ids the lane may hold at once, the refill in flight included."""
