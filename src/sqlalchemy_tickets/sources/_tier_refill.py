@@ -425,7 +425,10 @@ class TierRefills:
                         state.c.claim_owner == self.tier.owner,
                     )
                     .values(claim_owner="", claim_until=0),
-                    [{"k_name": lane.name, "k_bits": lane.bits} for lane in lanes],
+                    # In key order, as every writer of several rows locks them: two writers
+                    # locking in different orders would wait for each other for ever.
+                    [{"k_name": name, "k_bits": bits}
+                     for name, bits in sorted({lane.key for lane in lanes})],
                 )
         except (sa_exc.DBAPIError, DatabaseUnavailable, MissingTables) as error:
             # The claims run out by themselves after claim_timeout.
