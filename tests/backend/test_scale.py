@@ -26,8 +26,13 @@ from sqlalchemy_tickets import (
     TicketServer,
     TicketServerUnavailable,
 )
-from sqlalchemy_tickets.sources.datacenter import describe_datacenter
+from sqlalchemy_tickets.sources.datacenter import (
+    datacenter_table_statements,
+    datacenter_tables,
+    describe_datacenter,
+)
 from support.processes import SPAWN, run_processes
+from support.proxy import TcpProxy
 
 #: The name prefixes of the library's threads: the refill schedulers of caches and tiers, and
 #: the watchdog that bounds every round trip.
@@ -449,10 +454,366 @@ def test_releasing_refill_claims_never_deadlocks_with_writers_in_key_order(
         _wait_for(
             lambda: not any(s.sequence in group and s.claim_owner for s in
                             describe_datacenter(url)),
-            20, "the claims to be released",
+            10, "the claims to be released",
         )
     finally:
         upstream.gate.set()
         engine.dispose()
         tier.close()
         preparing.join(30)
+
+
+# -- 3. first contact with new sequences by many processes at once ------------------------------
+
+
+def _first_contact_worker(
+    mode: str, url: str, dc_url: str | None, names: list[str], barrier: Any
+) -> dict[str, Any]:
+    """One of several processes meeting ``names`` (no tables yet) at the same moment, on the
+    batched path: a ticket server's ``prepare`` and ``next_blocks``, a cache's ``prepare`` over
+    one, or a cache's over a datacenter tier (its tables and state rows made on first use)."""
+    # Creators wait for each other's batches of tables, each up to the timeout: on a loaded
+    # machine, six of them at once take longer than the default 2 s (see the report of
+    # test_many_processes_meet_new_sequences_at_once); what is checked here is the outcome.
+    server = TicketServer(url, timeout=AT_SCALE_TIMEOUT)
+    tier = (
+        DatacenterTier(dc_url, server, timeout=AT_SCALE_TIMEOUT) if dc_url is not None else None
+    )
+    ids: dict[str, list[int]] = {name: [] for name in names}
+    errors: list[str] = []
+    burned = 0
+    barrier.wait(120)
+    try:
+        if mode == "server":
+            server.prepare(names)
+            for _ in range(2):
+                for name, got in zip(names, server.next_blocks([(n, 3, 64) for n in names]),
+                                     strict=True):
+                    if isinstance(got, range):
+                        ids[name].extend(got)
+                    else:
+                        errors.append(f"{name}: {got!r}")
+        else:
+            cache = CachedSource(tier if tier is not None else server, timeout=AT_SCALE_TIMEOUT)
+            cache.prepare(names)
+            for _ in range(3):
+                for name in names:
+                    ids[name].append(cache.next_id(name))
+            burned = cache.close()
+    except TicketsError as error:
+        errors.append(repr(error))
+    finally:
+        if tier is not None:
+            tier.close()
+        server.close()
+    return {"ids": ids, "errors": errors, "burned": burned}
+
+
+def _first_ids_once(results: list[dict[str, Any]], names: list[str]) -> dict[str, list[int]]:
+    """Every process's ids per sequence, checked: no error, no id twice, the first id 1."""
+    for result in results:
+        assert result["errors"] == []
+    every: dict[str, list[int]] = {}
+    for name in names:
+        ids = every[name] = [i for result in results for i in result["ids"][name]]
+        assert not _duplicates(ids), f"{name}: ids issued twice: {_duplicates(ids)[:10]}"
+        # One table, created and seeded once: its first id went to one of the processes.
+        assert min(ids) == 1, f"{name} starts at {min(ids)}"
+    return every
+
+
+def test_many_processes_meet_new_sequences_at_once(
+    backend: str, make_database: Callable[[str], str]
+) -> None:
+    names = [f"fresh{i:03d}" for i in range(100)]
+    url = make_database(backend)
+    modes = ["server", "cache"] * 3
+    barrier = SPAWN.Barrier(len(modes))
+    results = run_processes(
+        _first_contact_worker, [(mode, url, None, names, barrier) for mode in modes]
+    )
+    every = _first_ids_once(results, names)
+    for name in names:
+        # The servers' blocks alone: 3 processes x 2 blocks of 3, one after another.
+        assert len(every[name]) == 3 * 2 * 3 + 3 * 3
+
+
+@pytest.mark.slow
+def test_many_processes_meet_new_sequences_at_once_through_a_tier(
+    backend: str, make_database: Callable[[str], str]
+) -> None:
+    names = [f"fresh{i:03d}" for i in range(100)]
+    url, dc_url = make_database(backend), make_database(backend)
+    processes = 6
+    barrier = SPAWN.Barrier(processes)
+    results = run_processes(
+        _first_contact_worker, [("cache", url, dc_url, names, barrier)] * processes
+    )
+    every = _first_ids_once(results, names)
+    assert [result["burned"] for result in results] == [0] * processes
+    status = {s.sequence: s for s in describe_datacenter(dc_url)}
+    assert sorted(status) == names  # one state row each, seeded once whoever came first
+    for name in names:
+        assert status[name].refills >= 1
+        assert status[name].issued == len(every[name]) + status[name].given_back
+
+
+# -- 4. a take is one statement -----------------------------------------------------------------
+
+
+def test_a_take_from_the_stock_is_one_statement(
+    backend: str, make_database: Callable[[str], str]
+) -> None:
+    """What makes a tier scale with processes: a take holds its row's lock for one statement,
+    not for a transaction of several round trips."""
+    upstream = TicketServer(make_database(backend))
+    # No identity check between takes (its interval), and a stock that no take of 10 brings
+    # under its low-water mark: what is counted is the take alone.
+    tier = DatacenterTier(make_database(backend), upstream, supply=0.001, min_block=1000,
+                          identity_interval=3600.0)
+    sent: list[str] = []
+    me = threading.get_ident()
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if threading.get_ident() == me:  # not the refill threads'
+            sent.append(" ".join(statement.split()))
+
+    try:
+        tier.next_block("photos", 10)  # tables, state row, first refill, identity
+        assert tier.wait_idle(30)
+        tier.next_block("photos", 10)
+        assert tier.wait_idle(30)
+        sa.event.listen(tier.own.engine, "before_cursor_execute", record)
+        counted = []
+        for _ in range(5):
+            sent.clear()
+            block = tier.next_block("photos", 10)
+            counted.append(list(sent))
+            assert len(block) == 10
+            assert tier.wait_idle(30)
+        sa.event.remove(tier.own.engine, "before_cursor_execute", record)
+    finally:
+        tier.close()
+        upstream.close()
+    # PostgreSQL and SQLite: UPDATE ... RETURNING. MariaDB has no RETURNING on UPDATE: the
+    # UPDATE keeps the block in session variables, and a SELECT reads them.
+    expected = ["UPDATE", "SELECT"] if backend == "mysql" else ["UPDATE"]
+    for statements in counted:
+        assert [s.split()[0].upper() for s in statements] == expected, statements
+
+
+# -- 5. tier tables of the previous release ------------------------------------------------------
+
+#: The columns of the state table that 0.3 did not have (the head of the stock, and the count
+#: of the latest take): added on first use by a newer tier.
+NEW_STATE_COLUMNS = ("head_kind", "head_first", "head_last", "head_step", "last_take")
+
+
+def _tier_tables_of_0_3(url: str, backend: str) -> None:
+    """The tier's tables as 0.3 made them: today's stock and stamp tables, and the state table
+    without the columns added since."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        metadata = sa.MetaData()
+        stock, state = datacenter_tables(metadata, dialect=backend)
+        old = sa.MetaData()
+        stock.to_metadata(old)
+        sa.Table(
+            state.name, old,
+            *(
+                sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable,
+                          autoincrement=False, server_default=c.server_default)
+                for c in state.columns if c.name not in NEW_STATE_COLUMNS
+            ),
+            comment=state.comment,
+            **state.dialect_kwargs,
+        )
+        with engine.begin() as conn:
+            old.create_all(conn)
+            for statement in datacenter_table_statements(dialect=backend):
+                element = getattr(statement, "element", None)
+                if element is not None and element.name not in (stock.name, state.name):
+                    conn.execute(statement)  # the stamp table
+    finally:
+        engine.dispose()
+
+
+def test_tier_tables_of_the_previous_release_are_upgraded_in_place(
+    backend: str, make_database: Callable[[str], str]
+) -> None:
+    url, upstream_url = make_database(backend), make_database(backend)
+    _tier_tables_of_0_3(url, backend)
+    # As 0.3 left them: 1..1000 brought from upstream, 400 issued, 50 of them (101..150) given
+    # back; in stock, those 50 and 401..1000.
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO tickets_dc__stock (sequence_name, bits, kind, first_id, last_id, "
+                "step) VALUES ('photos', 64, 0, 101, 150, 1), ('photos', 64, 1, 401, 1000, 1)"))
+            conn.execute(sa.text(
+                "INSERT INTO tickets_dc__state (sequence_name, bits, stock, issued, given_back, "
+                "refills, refilled) VALUES ('photos', 64, 650, 400, 50, 1, 1000)"))
+        assert not set(NEW_STATE_COLUMNS) & {
+            c["name"] for c in sa.inspect(engine).get_columns("tickets_dc__state")}
+    finally:
+        engine.dispose()
+    upstream = TicketServer(upstream_url)
+    upstream.create("photos", start=1001)  # what upstream issued to the tier is behind it
+    tier = DatacenterTier(url, upstream, supply=0.001, min_block=100, timeout=10.0)
+    try:
+        tier.create_tables()  # as a tier's first use does: the columns added
+        engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        try:
+            columns = {c["name"] for c in sa.inspect(engine).get_columns("tickets_dc__state")}
+        finally:
+            engine.dispose()
+        assert set(NEW_STATE_COLUMNS) <= columns
+        (status,) = tier.describe()
+        assert (status.stock, status.given_back_in_stock, status.issued) == (650, 50, 400)
+        first = tier.next_block("photos", 30)
+        assert first == range(101, 131)  # given back first
+        (status,) = tier.describe()
+        assert (status.stock, status.given_back_in_stock) == (620, 20)
+        ids = list(first)
+        while len(ids) < 650:
+            ids.extend(tier.next_block("photos", min(70, 650 - len(ids))))
+        assert ids == [*range(101, 151), *range(401, 1001)]  # the old stock, in its order
+        assert tier.wait_idle(30)
+        more: list[int] = []
+        while len(more) < 150:
+            more.extend(tier.next_block("photos", 50))
+        assert min(more) > 1000 and not _duplicates(ids + more)
+        assert tier.wait_idle(30)
+        (status,) = tier.describe()
+        assert status.issued == 400 + 650 + 150
+        assert status.stock == status.refilled - status.issued + status.given_back
+    finally:
+        tier.close()
+        upstream.close()
+
+
+# -- 6. what a young cache holds, and the outage it rides out ----------------------------------
+
+
+def _paced(
+    cache: CachedSource, sequence: str, rate: float, seconds: float,
+    each: Callable[[], None] | None = None,
+) -> tuple[list[int], list[str]]:
+    """Draw ``rate * seconds`` ids of ``sequence`` at ``rate`` per second (the workload: paced
+    by the clock, catching up after a late wake); ``each()`` after every batch. Returns the ids
+    and the errors met."""
+    ids: list[int] = []
+    errors: list[str] = []
+    total = int(rate * seconds)
+    began = time.monotonic()
+    while len(ids) + len(errors) < total:
+        due = min(total, int((time.monotonic() - began) * rate))
+        while len(ids) + len(errors) < due:
+            try:
+                ids.append(cache.next_id(sequence))
+            except TicketsError as error:
+                errors.append(repr(error))
+        if each is not None:
+            each()
+        time.sleep(0.01)
+    return ids, errors
+
+
+@pytest.fixture
+def proxied_server_url(make_database: Callable[[str], str]) -> Iterator[tuple[TcpProxy, str]]:
+    """A PostgreSQL ticket database behind a TCP proxy the test can cut or hang."""
+    url = make_database("postgresql")
+    target = sa.engine.make_url(url)
+    with TcpProxy(target.host or "127.0.0.1", target.port or 0) as proxy:
+        yield proxy, proxy.url(url)
+
+
+def test_a_young_cache_rides_out_an_outage_for_half_its_supply(
+    proxied_server_url: tuple[TcpProxy, str],
+) -> None:
+    proxy, url = proxied_server_url
+    supply, rate = 4.0, 500
+    server = TicketServer(url, timeout=1.0)
+    cache = CachedSource(server, supply=supply)
+    try:
+        before, errors = _paced(cache, "photos", rate, supply + 1)
+        assert errors == []
+        # The cut comes between two refills (one in flight would land before it or be lost):
+        # the lane holds at least its low-water mark, half a supply of ids at its rate.
+        _wait_for(lambda: cache.stats()["in_flight"] == 0, 10, "the refill in flight to land")
+        proxy.hang()  # the ticket server hangs: every refill waits for its timeout, then fails
+        waits = cache.stats()["blocking_waits"]
+        during, errors = _paced(cache, "photos", rate, supply / 2)
+        stats = cache.stats()
+        assert errors == []
+        assert stats["blocking_waits"] == waits  # no call waited on the hung server
+        assert len(during) == rate * supply / 2
+        assert not _duplicates(before + during)
+    finally:
+        proxy.forward()
+        cache.close()
+        server.close()
+
+
+@pytest.mark.backend("postgresql")
+@pytest.mark.xfail(
+    strict=True,
+    reason="a young lane holds about 1.5 times what it issued, not at most what it issued: "
+    "_sizing.Sizing.target caps each refill at the ids issued (earned), but CachedSource "
+    "asks for it at the low-water mark (half the target, or 4 refill latencies of ids), on "
+    "top of what the lane still holds",
+)
+def test_a_young_cache_holds_no_more_than_it_issued(database_url: str) -> None:
+    """So that a process killed early burns at most about what it used (``_sizing.py``: "a young
+    lane ... holds no more than it has issued so far")."""
+    server = TicketServer(database_url)
+    cache = CachedSource(server, supply=4.0)
+    worst: list[dict[str, Any]] = []
+
+    def look() -> None:
+        lane = cache.stats()["sequences"]["photos/64"]
+        held = lane["in_hand"] + lane["in_flight"]
+        if held > lane["issued"] + cache.min_block:
+            worst.append({k: lane[k] for k in ("issued", "in_hand", "in_flight", "rate")})
+
+    try:
+        cache.next_id("photos")
+        born = time.monotonic()
+        _, errors = _paced(cache, "photos", 500, 3.0, each=look)
+        assert time.monotonic() - born < cache.supply  # young all along
+        assert errors == []
+    finally:
+        cache.close()
+        server.close()
+    assert worst == [], f"held more than issued + min_block {len(worst)} times: {worst[:3]}"
+
+
+# -- 7. many quiet lanes ------------------------------------------------------------------------
+
+
+@pytest.mark.backend("postgresql")
+def test_round_robin_over_many_quiet_lanes_never_waits_after_the_first_block(
+    database_url: str,
+) -> None:
+    names = [f"quiet{i:03d}" for i in range(500)]
+    server = TicketServer(database_url)
+    cache = CachedSource(server)
+    drawn: dict[str, list[int]] = {name: [] for name in names}
+    try:
+        cache.prepare(names)
+        assert cache.stats()["blocking_waits"] == 0  # prepare's first blocks: no caller waited
+        for _ in range(20):
+            for name in names:
+                drawn[name].append(cache.next_id(name))
+            time.sleep(0.1)  # quiet lanes: a pause between passes
+        stats = cache.stats()
+    finally:
+        cache.close()
+        server.close()
+    assert stats["issued"] == 20 * len(names)
+    assert stats["refills"] >= 2 * len(names)  # each lane refilled after its first block
+    waited = {name: lane for name, lane in stats["sequences"].items() if lane["blocking_waits"]}
+    assert stats["blocking_waits"] == 0, waited
+    for name, ids in drawn.items():
+        assert ids == sorted(set(ids)), name  # one thread, one server: increasing, no repeat
