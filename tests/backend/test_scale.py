@@ -299,7 +299,6 @@ def _tier_figure(tier: DatacenterTier, name: str, key: str) -> int:
     return int(figures.get(key, 0))
 
 
-@pytest.mark.slow
 @pytest.mark.backend("postgresql", "mysql")
 def test_a_sequence_hung_upstream_does_not_hold_back_the_others(
     backend: str, make_database: Callable[[str], str]
@@ -464,7 +463,7 @@ def test_releasing_refill_claims_never_deadlocks_with_writers_in_key_order(
         _wait_for(
             lambda: not any(s.sequence in group and s.claim_owner for s in
                             describe_datacenter(url)),
-            10, "the claims to be released",
+            5, "the claims to be released",
         )
     finally:
         upstream.gate.set()
