@@ -411,13 +411,6 @@ def _waiting_on_a_lock(url: str, statement: str) -> bool:
 
 
 @pytest.mark.backend("postgresql", "mysql")
-@pytest.mark.xfail(
-    strict=True,
-    reason="DatacenterTier releases its refill claims (_tier_refill.TierRefills._release) in "
-    "the order of the refill's lanes (the most urgent first), not in key order: a writer "
-    "locking state rows in key order (a give-back at close, a claim, a store, in another "
-    "process) deadlocks with it",
-)
 def test_releasing_refill_claims_never_deadlocks_with_writers_in_key_order(
     backend: str, make_database: Callable[[str], str]
 ) -> None:
@@ -798,13 +791,6 @@ def test_a_young_cache_rides_out_an_outage_for_half_its_supply(
 
 
 @pytest.mark.backend("postgresql")
-@pytest.mark.xfail(
-    strict=True,
-    reason="a young lane holds about 1.5 times what it issued, not at most what it issued: "
-    "_sizing.Sizing.target caps each refill at the ids issued (earned), but CachedSource "
-    "asks for it at the low-water mark (half the target, or 4 refill latencies of ids), on "
-    "top of what the lane still holds",
-)
 def test_a_young_cache_holds_no_more_than_it_issued(database_url: str) -> None:
     """So that a process killed early burns at most about what it used (``_sizing.py``: "a young
     lane ... holds no more than it has issued so far")."""
@@ -861,13 +847,6 @@ def test_round_robin_over_many_quiet_lanes_never_waits_after_the_first_block(
 
 
 @pytest.mark.backend("postgresql")
-@pytest.mark.xfail(
-    strict=True,
-    reason="CachedSource: when the low-water mark (four refill latencies of ids at the lane's "
-    "rate) is above the target (the block size), each refill still brings only the target, "
-    "and the lane asks again as each block lands: one round trip per block until it holds "
-    "the mark (at 2,000 lanes, 9,060 round trips instead of about 4,000)",
-)
 def test_a_lane_behind_a_distant_server_reaches_its_low_water_mark_in_one_refill(
     database_url: str,
 ) -> None:

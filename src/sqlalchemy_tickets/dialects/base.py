@@ -113,6 +113,9 @@ def transport_fd(transport: Any) -> int | None:
 #: :meth:`RawStatement.renamed`): a plain identifier no dialect quotes, found nowhere else.
 _STAND_IN = "tickets__sqlalchemy_tickets_stand_in"
 
+#: The index a compiled row read carries in place of each table's (see ``describe_many``).
+_INDEX = 2147480001
+
 #: Tables per statement where a statement reads many (a ``UNION ALL``, an ``IN`` list).
 MANY = 200
 
@@ -891,22 +894,35 @@ class TicketBackend:
         for table in tables:
             if table.flickr:
                 found[table] = self.describe(cursor, dialect, table)
+        template = self._describe_template(dialect) if named else ""
+        quote = dialect.identifier_preparer.quote
+        stand_in = quote(_STAND_IN)
         for start in range(0, len(named), MANY):
             part = named[start : start + MANY]
-            selects = []
-            for i, table in enumerate(part):
-                t = self.table(TableSpec(table))
-                selects.append(
-                    sa.select(sa.literal(i, sa.Integer).label("i"), t.c.id, t.c.increment,
-                              t.c.offset).where(t.c.stub == "a")
-                )
-            query = sa.union_all(*selects) if len(selects) > 1 else selects[0]
-            rows = run(cursor, query, dialect).fetchall()
+            # One compiled row read, its table and its index swapped per table (building and
+            # compiling a few hundred selects would cost more than the round trip).
+            cursor.execute(" UNION ALL ".join(
+                template.replace(stand_in, quote(table.name)).replace(str(_INDEX), str(i))
+                for i, table in enumerate(part)
+            ))
+            rows = cursor.fetchall()
             for table in part:
                 found[table] = None
             for i, last_id, increment, offset in rows:
                 found[part[int(i)]] = TableInfo(int(increment), int(offset), int(last_id))
         return found
+
+    def _describe_template(self, dialect: Dialect) -> str:
+        """The row read of a named stand-in table, index :data:`_INDEX`, values inlined."""
+        key = ("describe_template", dialect.name, dialect.driver)
+        found = self._tier_take_statements.get(key)
+        if found is None:
+            t = self.table(TableSpec(TicketTable("x", 64, _STAND_IN)))
+            query = sa.select(sa.literal(_INDEX, sa.Integer).label("i"), t.c.id, t.c.increment,
+                              t.c.offset).where(t.c.stub == "a")
+            found = str(query.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+            self._tier_take_statements[key] = found
+        return str(found)
 
     def identities(
         self, cursor: Any, dialect: Dialect, tables: Sequence[TicketTable]
@@ -996,7 +1012,7 @@ class TicketBackend:
     def __init__(self) -> None:
         self._statements: dict[tuple[str, str, str, TicketTable, str], RawStatement] = {}
         # Core statements of datacenter tiers, per (state table, guards): SQLAlchemy caches
-        # their compiled forms.
+        # their compiled forms; and SQL made once per dialect.
         self._tier_take_statements: dict[Any, Any] = {}
         self._lock = threading.Lock()
 

@@ -38,6 +38,9 @@ RATE_INTERVAL_MS = 1000
 #: Times a batch of blocks from upstream is offered to the database before it counts as burned.
 _STORE_ATTEMPTS = 3
 
+#: Seconds before a sequence another process refills is looked at again.
+_BUSY_LOOK = 1.0
+
 
 class MissingTables(Exception):
     """The tier's tables are not there (raised inside a unit, handled by its caller)."""
@@ -227,8 +230,9 @@ class TierRefills:
                 self.failed(lane, error, final=False)
             return []
         for lane, busy_for in busy:
-            # Another process holds a live claim: look again once it is void, if still low.
-            self.tier._refiller.defer(lane, max(busy_for, self.tier.backoff))
+            # Another process holds a live claim: look again soon (it usually stores and
+            # releases within a round trip), at the latest once the claim is void.
+            self.tier._refiller.defer(lane, max(min(busy_for, _BUSY_LOOK), self.tier.backoff))
         for refill in claimed:
             with refill.lane.lock:
                 refill.lane.claims += 1
@@ -385,6 +389,9 @@ class TierRefills:
             self.tier.store.write_marks(conn, new_marks, marks)
 
         lanes = [refill.lane for refill, _ in arrived]
+        # The marks' rows made first, on their own: a transaction that locks a row not there
+        # yet locks a gap (InnoDB), and two stores inserting into it deadlock.
+        self._seed_marks({self._mark_name(refill.lane, block) for refill, block in arrived})
         for attempt in range(1, _STORE_ATTEMPTS + 1):
             try:
                 self.tier._transaction(lanes, work)
@@ -412,6 +419,13 @@ class TierRefills:
             healed = self._upstream_rewound(refill.lane, block, high)
             outcomes.append((refill, "rewound" if healed else "refused"))
         return outcomes
+
+    def _seed_marks(self, names: set[str]) -> None:
+        try:
+            with self.tier._unit(transaction=False) as conn:
+                self.tier.store.seed_marks(conn, names)
+        except (sa_exc.DBAPIError, DatabaseUnavailable, MissingTables) as error:
+            logger.debug("%s: making mark rows failed (the store makes them): %s", self, error)
 
     def _release(self, lanes: list[Lane]) -> None:
         state = self.tier.store.state

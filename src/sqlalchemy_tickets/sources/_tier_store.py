@@ -343,6 +343,14 @@ class TierStore:
             ).all()
         return rows
 
+    def seed_marks(self, conn: sa.Connection, names: Iterable[str]) -> None:
+        """Mark rows for ``names`` where there are none (``last_id`` NULL: no id stored yet)."""
+        t = self.stamps.c
+        rows = [{"k_name": name} for name in sorted(set(names))]
+        if rows:
+            conn.execute(self.backend.insert_seed(self.stamps, {
+                "name": sa.bindparam("k_name", type_=t.name.type)}), rows)
+
     def write_marks(self, conn: sa.Connection, marks: Mapping[str, tuple[int, str]],
                     existing: Iterable[str]) -> None:
         """Record ``name -> (last_id, stamp)``; rows not in ``existing`` are made first."""

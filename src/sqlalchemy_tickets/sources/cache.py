@@ -689,7 +689,10 @@ class CachedSource:
         # lane never holds more than the budget, nor (beyond that caller's need) more than it
         # has issued: that caller gets fewer and asks again.
         cap = min(self._budget(lane), max(self.min_block, lane.issued) + lane.wanted)
-        size = min(lane.wanted + target, cap - held)
+        # Below the mark (it is above the target when four refill latencies of ids are more
+        # than a block: a distant source), as much more as it takes to reach it.
+        low = self.sizing.low_water(target, lane.rate, lane.latency, self._budget(lane))
+        size = min(lane.wanted + target + max(0, low - held), cap - held)
         if size < 1:
             return  # the lane already holds all it may
         lane.block_size = target

@@ -169,6 +169,13 @@ _POLL = 0.05
 #: Most sequences in one refill (one claim, one round trip upstream, one store).
 REFILL_BATCH = 64
 
+#: Most sequences in one transaction of many (takes, give-backs): each one is bounded by the
+#: timeout, and holds the state rows it locked until it ends.
+TIER_CHUNK = 200
+
+#: Up to this many sequences asked for at once, each gets the one-statement take.
+_ONE_BY_ONE = 4
+
 #: Times a take looks for ids again after making the next queued range the head.
 _TAKE_ATTEMPTS = 5
 
@@ -401,9 +408,9 @@ class DatacenterTier:
             look = arrived or self._peek(lane)
 
     def next_blocks(self, requests: Sequence[Request]) -> list[range | TicketsError]:
-        """:meth:`next_block` for each ``(sequence, count, bits)``, in one transaction for all
-        the sequences whose stock holds ids (a cache refilling many lanes at once); those
-        whose stock is empty wait for a refill as :meth:`next_block` does."""
+        """:meth:`next_block` for each ``(sequence, count, bits)``: a few sequences one
+        statement each, many in one transaction per few hundred (a cache refilling many lanes
+        at once); those whose stock is empty wait for a refill as :meth:`next_block` does."""
         out: list[range | TicketsError | None] = [None] * len(requests)
         for i, (sequence, count, bits) in enumerate(requests):
             try:
@@ -412,16 +419,19 @@ class DatacenterTier:
                 out[i] = error
         wanted = [(i, self._lane(s, b), c) for i, (s, c, b) in enumerate(requests)
                   if out[i] is None]
-        if wanted:
+        if len(wanted) <= _ONE_BY_ONE:
+            wanted = []  # the one-statement take beats a transaction for a few
+        for start in range(0, len(wanted), TIER_CHUNK):
+            part = wanted[start : start + TIER_CHUNK]
             found: list[range | None] | list[TicketsError]
+            takes = [(lane, c) for _, lane, c in part]
             try:
                 found = self._transaction(
-                    [lane for _, lane, _ in wanted],
-                    lambda conn: self._take_many(conn, [(lane, c) for _, lane, c in wanted]),
+                    [lane for lane, _ in takes], functools.partial(self._take_many, takes=takes)
                 )
             except TicketsError as error:
-                found = [error] * len(wanted)
-            for (i, _, _), block in zip(wanted, found, strict=True):
+                found = [error] * len(part)
+            for (i, _, _), block in zip(part, found, strict=True):
                 out[i] = block
         result: list[range | TicketsError] = []
         for i, (sequence, count, bits) in enumerate(requests):
@@ -478,15 +488,44 @@ class DatacenterTier:
         if not wanted:
             return [0] * len(items)
         taken_by: dict[int, int] = {}
+        for start in range(0, len(wanted), TIER_CHUNK):
+            self._give_back_part(wanted, start, taken_by)
+        for n, (lane, ids) in enumerate(wanted):
+            taken = taken_by.get(n, 0)
+            if taken == 0:
+                logger.warning("%s: %r (%s) overlaps ids in stock: not taken back",
+                               self, ids, lane.label)
+            with lane.lock:
+                lane.given_back += taken
+                lane.stored += 1
+                lane.arrived.notify_all()
+        out: list[int] = []
+        n = 0
+        for _, ids, _ in items:
+            if ids:
+                out.append(taken_by.get(n, 0))
+                n += 1
+            else:
+                out.append(0)
+        return out
+
+    def _give_back_part(
+        self, wanted: list[tuple[Lane, range]], start: int, taken_by: dict[int, int]
+    ) -> None:
+        """One transaction taking back ``wanted[start:start + TIER_CHUNK]`` (indexes into
+        ``taken_by``)."""
+        part = list(enumerate(wanted))[start : start + TIER_CHUNK]
 
         def work(conn: sa.Connection) -> None:
-            taken_by.clear()
-            states = self.store.lock(conn, [lane.key for lane, _ in wanted])
-            if len(states) < len({lane.key for lane, _ in wanted}):
+            for n, _ in part:
+                taken_by.pop(n, None)
+            keys = {lane.key for _, (lane, _) in part}
+            states = self.store.lock(conn, keys)
+            if len(states) < len(keys):
                 raise NoState
             queued = self.store.queued(conn, list(states))
             add: list[Queued] = []
-            for n, (lane, ids) in enumerate(wanted):
+            for n, (lane, ids) in part:
                 state = states[lane.key]
                 held = [state.head, *(q.ids for q in queued[lane.key]), *(
                     q.ids for q in add if q.key == lane.key)]
@@ -509,25 +548,7 @@ class DatacenterTier:
             self.store.write(conn, states.values())
             self.store.add(conn, add)
 
-        self._transaction([lane for lane, _ in wanted], work)
-        for n, (lane, ids) in enumerate(wanted):
-            taken = taken_by.get(n, 0)
-            if taken == 0:
-                logger.warning("%s: %r (%s) overlaps ids in stock: not taken back",
-                               self, ids, lane.label)
-            with lane.lock:
-                lane.given_back += taken
-                lane.stored += 1
-                lane.arrived.notify_all()
-        out: list[int] = []
-        n = 0
-        for _, ids, _ in items:
-            if ids:
-                out.append(taken_by.get(n, 0))
-                n += 1
-            else:
-                out.append(0)
-        return out
+        self._transaction([lane for _, (lane, _) in part], work)
 
     def ensure_above(self, sequence: str | None, floor: int, *, bits: int = 64) -> bool:
         """Make every id issued from now on be above ``floor`` (ids known to be in use): the
@@ -837,9 +858,10 @@ class DatacenterTier:
         return taken, taken is None, False
 
     def _take_many(
-        self, conn: sa.Connection, wanted: list[tuple[Lane, int]]
+        self, conn: sa.Connection, takes: list[tuple[Lane, int]]
     ) -> list[range | None]:
         """A block from the stock of each lane, in one transaction (``None``: empty)."""
+        wanted = takes
         states = self.store.lock(conn, {lane.key for lane, _ in wanted})
         if len(states) < len({lane.key for lane, _ in wanted}):
             raise NoState

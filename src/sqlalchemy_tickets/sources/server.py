@@ -857,12 +857,17 @@ class TicketServer:
         while pending:
             batch, pending = pending[:size], pending[size:]
             began = time.monotonic()
-            created += self._create_batch(batch, statements)
+            made = self._create_batch(batch, statements)
+            created += made
+            if not made:
+                continue  # another creator made them: its pace says nothing of ours
             # While a batch runs, other creators of its tables (on SQLite, every writer of
             # the file) wait for its locks, each for at most the timeout: the next batch is
-            # sized to take a share of it at this one's pace.
-            pace = max(time.monotonic() - began, 1e-6) / len(batch)
-            size = max(1, min(self.backend.create_batch, int(self.timeout * _BATCH_SHARE / pace)))
+            # sized to take a share of it at this one's pace (per table made), at most twice
+            # as large as this one.
+            pace = max(time.monotonic() - began, 1e-6) / len(made)
+            size = max(1, min(self.backend.create_batch, 2 * len(batch),
+                              int(self.timeout * _BATCH_SHARE / pace)))
         return created
 
     def _create_batch(
