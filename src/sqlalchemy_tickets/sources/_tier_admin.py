@@ -86,20 +86,32 @@ def create_datacenter_tables(
 def create_tables(own: OwnEngine, names: TierTables) -> None:
     """Create the tier's tables (and add the columns an older release's lack), under the
     creation lock: concurrent creators wait for each other."""
-
-    def statements(conn: sa.Connection) -> Iterator[sa.sql.Executable]:
-        yield from own.backend.tier_statements(names)
-        # Looked at once the tables are there (the loop runs each statement as it comes).
-        _, state = own.backend.tier_tables(names)
-        for column, ddl in own.backend.missing_columns(conn, state):
-            logger.warning("datacenter tier table %s upgraded: adding column %s", names.state,
-                           column)
-            yield ddl
-
     # The creation lock is keyed by a table name: the state table's stands for both.
-    create_under_lock(own, [TicketTable(None, 64, names.state)], statements)
+    lock = [TicketTable(None, 64, names.state)]
+    create_under_lock(own, lock, lambda conn: own.backend.tier_statements(names))
+    _, state = own.backend.tier_tables(names)
+    if not has_columns(own, state):
+
+        def upgrade(conn: sa.Connection) -> Iterator[sa.sql.Executable]:
+            for column, ddl in own.backend.missing_columns(conn, state):
+                logger.warning("datacenter tier table %s upgraded: adding column %s",
+                               names.state, column)
+                yield ddl
+
+        create_under_lock(own, lock, upgrade)
     logger.info("datacenter tier tables %s, %s ready on %s", names.stock, names.state,
                 own.url.render_as_string())
+
+
+def has_columns(own: OwnEngine, table: sa.Table) -> bool:
+    """Whether ``table`` has every column it should (one read of none of its rows: cheaper
+    than the catalog's description on every process's first use)."""
+    try:
+        with own.connect() as conn:
+            conn.execute(sa.select(*table.c).where(sa.false())).all()
+    except sa_exc.DBAPIError:
+        return False
+    return True
 
 
 # -- status ------------------------------------------------------------------------------------

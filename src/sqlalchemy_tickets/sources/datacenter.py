@@ -126,6 +126,7 @@ from ._tier_admin import (
     describe,
     describe_datacenter,
     drop_datacenter_table_statements,
+    has_columns,
     missing_table,
 )
 from ._tier_refill import (
@@ -770,6 +771,9 @@ class DatacenterTier:
     def _check_columns(self) -> None:
         """Refuse, with what to run, tables an older release made (``create_missing=False``
         leaves upgrading them to the operator)."""
+        if has_columns(self.own, self.store.state):
+            self._created = True
+            return
         try:
             with self._unit(transaction=False) as conn:
                 missing = [c for c, _ in self.backend.missing_columns(conn, self.store.state)]
