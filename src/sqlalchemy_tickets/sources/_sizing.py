@@ -12,7 +12,7 @@ every process) size from the same estimate:
   lane holds is what a crash burns (a clean exit gives it back), so a process that crashes
   burns at most about as many ids as it used — a crash-looping worker over a 32-bit sequence
   does not burn a block of minutes per crash — while a lane in use for a while holds its
-  ``supply`` seconds and rides out an outage of at least ``supply / 2`` seconds;
+  ``supply`` seconds and rides out an outage of about ``supply / 2`` seconds;
 * the **low-water mark** is half the target, and never less than four refill latencies of ids,
   so a refill asked for there lands long before the ids run out: a double buffer;
 * a block that ran out in less than a quarter of ``supply`` seconds means the rate lags behind

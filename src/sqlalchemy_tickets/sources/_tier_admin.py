@@ -103,6 +103,16 @@ def create_tables(own: OwnEngine, names: TierTables) -> None:
                 own.url.render_as_string())
 
 
+def older_release(own: OwnEngine, names: TierTables) -> str:
+    """What to say of tier tables an older release made (they lack columns this one uses)."""
+    return (
+        f"the datacenter tier table {names.state} on {own.url.render_as_string()} was made by "
+        "an older release (it lacks the columns of the one-statement take); upgrade it with "
+        "`sqlalchemy-tickets init --url URL --datacenter-tier` (or op.create_datacenter_tables() "
+        "in a migration, or a DatacenterTier with create_missing=True)"
+    )
+
+
 def has_columns(own: OwnEngine, table: sa.Table) -> bool:
     """Whether ``table`` has every column it should (one read of none of its rows: cheaper
     than the catalog's description on every process's first use)."""
@@ -186,6 +196,8 @@ def describe(own: OwnEngine, names: TierTables) -> list[TierStatus]:
                 f"{own.url.render_as_string()}; create them with `sqlalchemy-tickets init` "
                 "or create_datacenter_tables()"
             ) from error
+        if not has_columns(own, state_t):
+            raise UnknownSequenceError(older_release(own, names)) from error
         raise own.unavailable(error) from error
     counted: dict[tuple[str, int], list[int]] = {}
     for r in ranges:

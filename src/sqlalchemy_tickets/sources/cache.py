@@ -12,7 +12,8 @@ check comes exactly when it is due, and a quiet lane is as fast as a busy one.
 Sizing (``_sizing.py``) follows VTickets: ``supply`` seconds of ids at an exponentially
 weighted request rate, within ``min_block``..``max_block`` and the waste budget — the most ids
 a crash may burn. A refill brings one such block when the lane falls to half of it, so under a
-steady rate a lane rides out an outage of its source for at least ``supply / 2`` seconds.
+steady rate a lane rides out an outage of its source for about ``supply / 2`` seconds (less where
+``max_block``, the budget or what the lane has issued so far caps the block).
 Refills of every lane run on one small pool of threads (``_refill.py``), the lanes with the
 shortest runway first.
 """
@@ -152,8 +153,9 @@ class CachedSource:
         min_block: smallest block asked for (a lane's first block).
         max_block: largest block asked for.
         supply: seconds of ids, at the recent rate, that one block should last; a lane refills
-            when it holds half of that, so it rides out an outage of ``source`` of at least
-            ``supply / 2`` seconds at a steady rate.
+            when it holds half of that, so it rides out an outage of ``source`` of about
+            ``supply / 2`` seconds at a steady rate (less where ``max_block``, the budget or
+            what the lane has issued so far caps the block).
         window: seconds over which the rate estimate forgets a spike (HubSpot: 15 minutes).
         waste_budget: the most ids a lane holds at once — what a crash (SIGKILL, out of memory)
             can burn, since a clean exit gives them back: an ``int`` (ids), or a ``float`` in

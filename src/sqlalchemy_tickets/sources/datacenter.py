@@ -128,6 +128,7 @@ from ._tier_admin import (
     drop_datacenter_table_statements,
     has_columns,
     missing_table,
+    older_release,
 )
 from ._tier_refill import (
     RATE_INTERVAL_MS,
@@ -780,12 +781,7 @@ class DatacenterTier:
         except (MissingTables, sa_exc.NoSuchTableError):
             return  # no tables: the seed says so
         if missing:
-            raise UnknownSequenceError(
-                f"the datacenter tier table {self.names.state} on "
-                f"{self.url.render_as_string()} was made by an older release (it lacks "
-                f"{', '.join(missing)}); upgrade it with `sqlalchemy-tickets init --url URL "
-                "--datacenter-tier` (or op.create_datacenter_tables() in a migration)"
-            )
+            raise UnknownSequenceError(older_release(self.own, self.names))
         self._created = True
 
     # -- internals: taking ids ---------------------------------------------------------------
