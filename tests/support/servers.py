@@ -388,6 +388,14 @@ _MARIADB_SERVER = (
 )
 
 
+def _own_tmpdir(workdir: Path) -> Path:
+    """A temporary directory of this server's own: in the shared /tmp, a bootstrap once failed
+    on an Aria temporary file that vanished under it (``Error on delete of '/tmp/#sql-...'``)."""
+    tmpdir = workdir / "tmp"
+    tmpdir.mkdir(exist_ok=True)
+    return tmpdir
+
+
 def _probe_mariadb(port: int) -> None:
     """Succeed only when root can log in over TCP and run a query."""
     import pymysql
@@ -443,6 +451,7 @@ def start_private_mariadb(
                         install_db,
                         "--no-defaults",
                         f"--datadir={template / 'data'}",
+                        f"--tmpdir={_own_tmpdir(template)}",
                         *user_args,
                         "--auth-root-authentication-method=normal",
                         "--skip-test-db",
@@ -474,6 +483,7 @@ def start_private_mariadb(
             f"--datadir={datadir}",
             f"--socket={sock_dir / 'mysqld.sock'}",
             f"--pid-file={workdir / 'mysqld.pid'}",
+            f"--tmpdir={_own_tmpdir(workdir)}",
             f"--port={server_port}",
             *_MARIADB_SIZING,
             *_MARIADB_SERVER,

@@ -270,9 +270,10 @@ class PostgreSQLBackend(ReturningBackend):
         )
 
     def refuses_transactions(self, error: BaseException | None) -> bool:
-        # PgBouncer in statement pooling answers BEGIN with a protocol violation and closes.
+        # PgBouncer in statement pooling answers BEGIN with a protocol violation and closes;
+        # older psycopg releases report it as a lost connection, without the SQLSTATE.
         code = getattr(error, "sqlstate", None)
-        return code == "08P01" and "transaction blocks not allowed" in str(error)
+        return code in ("08P01", None) and "transaction blocks not allowed" in str(error)
 
     def is_missing_table(self, error: BaseException) -> bool:
         code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)

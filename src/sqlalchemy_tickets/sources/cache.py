@@ -692,9 +692,10 @@ class CachedSource:
         # has issued: that caller gets fewer and asks again.
         cap = min(self._budget(lane), max(self.min_block, lane.issued) + lane.wanted)
         # Below the mark (it is above the target when four refill latencies of ids are more
-        # than a block: a distant source), as much more as it takes to reach it.
+        # than a block: a distant source), as much more as it takes to reach it, in blocks of
+        # at most max_block: a lane still short asks again when this one lands.
         low = self.sizing.low_water(target, lane.rate, lane.latency, self._budget(lane))
-        size = min(lane.wanted + target + max(0, low - held), cap - held)
+        size = min(lane.wanted + min(self.max_block, target + max(0, low - held)), cap - held)
         if size < 1:
             return  # the lane already holds all it may
         lane.block_size = target
