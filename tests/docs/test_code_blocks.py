@@ -18,12 +18,14 @@ import re
 import sys
 import textwrap
 import types
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import sqlalchemy_tickets
+from sqlalchemy_tickets.sources import _open
 from sqlalchemy_tickets.sources.cache import open_caches
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,8 +99,14 @@ for _path in pages():
 
 @pytest.fixture
 def docs_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """A temporary working directory, the embedded default, and caches closed afterwards."""
+    """A temporary working directory, the embedded default, and caches closed afterwards.
+
+    The block sees the metrics of its own caches only, as a reader's program would: earlier
+    tests' caches (thousands of sequences) would push its series past the OpenTelemetry SDK's
+    default limit of 2,000 per instrument, into the overflow series."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(_open, "_open", weakref.WeakSet())
+    monkeypatch.setattr(_open, "_retired", {})
     sqlalchemy_tickets.configure(None)
     before = {id(cache) for cache in open_caches()[0]}
     yield tmp_path

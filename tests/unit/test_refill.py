@@ -199,3 +199,37 @@ def test_close_runs_nothing_more_and_waits_for_the_running_job() -> None:
     refiller.wake(Lane("after"))  # ignored once closed
     until(lambda: refiller.threads() == 0)
     assert len(gate.ran) == 1
+
+
+def test_idle_threads_end_and_a_dropped_owner_is_freed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source dropped without close() (one per test in a user's suite) must not be kept alive
+    for ever by its refill threads: they end once idle, and the next wake starts another."""
+    import gc
+    import weakref
+
+    from sqlalchemy_tickets.sources import _refill
+
+    monkeypatch.setattr(_refill, "IDLE_EXIT", 0.2)
+
+    class Owner:
+        def __init__(self) -> None:
+            self.ran = 0
+            self.refiller: Refiller[Lane] = Refiller(self.job, name="t-idle", workers=2)
+
+        def job(self, lanes: list[Lane]) -> None:
+            self.ran += len(lanes)
+
+    owner = Owner()
+    lane = Lane("a")
+    owner.refiller.wake(lane)
+    assert owner.refiller.wait_idle(10)
+    until(lambda: owner.refiller.threads() == 0)
+    assert not [t for t in threading.enumerate() if t.name.startswith("t-idle")]
+    owner.refiller.wake(lane)  # a wake after they ended starts a thread again
+    assert owner.refiller.wait_idle(10) and owner.ran == 2
+    until(lambda: owner.refiller.threads() == 0)
+    until(lambda: not [t for t in threading.enumerate() if t.name.startswith("t-idle")])
+    dropped = weakref.ref(owner)
+    del owner
+    gc.collect()
+    assert dropped() is None

@@ -18,7 +18,9 @@ tier's sequence) and runs the owner's job on them from a small pool of daemon th
 Threads are daemons and start only when there is work for them, up to ``workers``: the
 interpreter joins non-daemon threads *before* it runs exit hooks, so a refill retrying a server
 that is down would hold the exit back and the hook that gives ids back would never run. The
-owner waits for what it needs (:meth:`wait_idle`, :meth:`close`).
+owner waits for what it needs (:meth:`wait_idle`, :meth:`close`). A thread with nothing to do
+for :data:`IDLE_EXIT` seconds ends (the next wake starts another): a source dropped without
+``close()``, as in a test suite making one per test, is not kept alive by its threads for ever.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from typing import Generic, TypeVar
 logger = logging.getLogger("sqlalchemy_tickets")
 
 L = TypeVar("L", bound=Hashable)
+
+#: Seconds a worker waits with nothing scheduled before it ends.
+IDLE_EXIT = 30.0
 
 
 @dataclass(eq=False)
@@ -175,7 +180,9 @@ class Refiller(Generic[L]):
     # -- the workers --------------------------------------------------------------------------
 
     def _take(self, state: _State[L]) -> list[L] | None:
-        """The next lanes to run, waiting for them (lock held); ``None``: closed."""
+        """The next lanes to run, waiting for them (lock held); ``None``: closed, or nothing
+        scheduled for :data:`IDLE_EXIT` seconds (on the real clock: tests drive ``clock``)."""
+        idle_until = time.monotonic() + IDLE_EXIT
         while True:
             if state.closed:
                 return None
@@ -198,9 +205,13 @@ class Refiller(Generic[L]):
             if picked:
                 return picked
             # Nothing due: wait for a wake, or for the first lane scheduled later.
-            wait = None
             if state.later:
                 wait = max(0.0, min(state.later[0][0] - self._clock(), 60.0))
+                idle_until = time.monotonic() + IDLE_EXIT
+            else:
+                wait = idle_until - time.monotonic()
+                if wait <= 0:
+                    return None
             state.waiting += 1
             try:
                 state.work.wait(wait)
