@@ -222,14 +222,18 @@ def test_idle_threads_end_and_a_dropped_owner_is_freed(monkeypatch: pytest.Monke
     owner = Owner()
     lane = Lane("a")
     refiller = owner.refiller
+
+    def ended() -> bool:
+        return not [t for t in threading.enumerate() if t.name.startswith("t-idle")]
+
     refiller.wake(lane)
     assert refiller.wait_idle(10)
-    until(lambda: refiller.threads() == 0)
-    assert not [t for t in threading.enumerate() if t.name.startswith("t-idle")]
+    until(ended)
+    assert refiller.threads() == 0
     refiller.wake(lane)  # a wake after they ended starts a thread again
     assert refiller.wait_idle(10) and owner.ran == 2
-    until(lambda: refiller.threads() == 0)
-    until(lambda: not [t for t in threading.enumerate() if t.name.startswith("t-idle")])
+    until(ended)
+    assert refiller.threads() == 0
     dropped = weakref.ref(owner)
     del owner, refiller
     gc.collect()
