@@ -876,7 +876,9 @@ def test_a_table_largest_key_from_the_server_ahead_does_not_move_the_other(
 
 def _tiered(dc: str, upstream: Any) -> tuple[CachedSource, DatacenterTier]:
     tier = DatacenterTier(dc, upstream, min_block=50, supply=1.0, timeout=5.0)
-    return CachedSource(tier, min_block=10), tier
+    # Small blocks: the cache holds at most ~75 ids (by default it may hold as many as it
+    # issued), so every few dozen ids a take reaches the tier, and its checks, after a restore.
+    return CachedSource(tier, min_block=10, max_block=50), tier
 
 
 def _close(cache: CachedSource, tier: DatacenterTier) -> None:

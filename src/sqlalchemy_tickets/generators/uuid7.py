@@ -164,9 +164,14 @@ class UUID7Generator:
         return "UUID7Generator()"
 
 
+#: Orders the ids of ``uuid_utils`` (see ``uuid7_fast``); a lock held at a fork is not the child's.
+_order = threading.Lock()
+
+
 def _after_fork_in_child() -> None:
-    global _chosen_lock
+    global _chosen_lock, _order
     _chosen_lock = threading.Lock()
+    _order = threading.Lock()
 
 
 _process.after_fork_in_child(_after_fork_in_child)
@@ -183,10 +188,21 @@ def _select() -> tuple[str, Callable[[], uuid.UUID]]:
             uuid_utils, "_uuid7_int", lambda: uuid_utils.uuid7().int
         )
 
+        last = 0
+
         def uuid7_fast() -> uuid.UUID:
             """A new UUIDv7 (``uuid_utils``), increasing within the process."""
+            nonlocal last
+            value = uuid7_int()
+            with _order:
+                # uuid_utils 0.12-0.13 (at least) let the counter of a busy millisecond wrap
+                # around without moving on: a smaller id, about once in a million. The next
+                # millisecond's ids are larger again; wait for one (rare, at most ~1 ms).
+                while value <= last:
+                    value = uuid7_int()
+                last = value
             u: uuid.UUID = _new(_UUID)
-            _set_int(u, uuid7_int())
+            _set_int(u, value)
             _set_safe(u, _UNKNOWN)
             return u
 
