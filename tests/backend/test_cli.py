@@ -18,7 +18,7 @@ from sqlalchemy_tickets.cli import BLOCK, MAX_COUNT, _duration
 from sqlalchemy_tickets.sources.datacenter import TierStatus, describe_datacenter
 from support.cli import ENV, SCRIPT, run
 from support.proxy import TcpProxy
-from support.tables import drop_ticket_tables_one_by_one
+from support.tables import drop_ticket_tables_one_by_one, ticket_tables
 
 
 def error_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -181,7 +181,7 @@ def test_init_many_sequences_from_a_file_and_the_command_line(
     assert result.stdout.splitlines() == [
         f"{name}: ready (increment 1, offset 1) on {shown}" for name in ["Photos", *MANY]
     ]
-    assert len(ticket_table_names(url)) == 201
+    assert len(ticket_tables(url)) == 201
     assert run("next", "--url", url, MANY[-1]).stdout.split() == ["1"]
 
     again = run("init", "--url", url, "Photos", "--from-file", str(names_file))
@@ -255,21 +255,11 @@ def test_init_from_a_file_refuses_another_stride_and_changes_nothing(
     line = error_line(refused)
     assert "photos" in line and "increment 1, offset 1" in line and "restride" in line
     assert describe(url, "photos") == (1, 1, 5)
-    assert ticket_table_names(url) == {"tickets__photos"}  # none of the others made
+    assert ticket_tables(url) == {"tickets__photos"}  # none of the others made
 
 
 def _shown_url(url: str) -> str:
     return sa.engine.make_url(url).render_as_string(hide_password=True)
-
-
-def ticket_table_names(url: str) -> set[str]:
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    try:
-        with engine.connect() as conn:
-            names = sa.inspect(conn).get_table_names()
-    finally:
-        engine.dispose()
-    return {name for name in names if name.startswith("tickets__")}
 
 
 # -- next ----------------------------------------------------------------------------------------

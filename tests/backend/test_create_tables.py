@@ -20,7 +20,7 @@ from sqlalchemy_tickets import TicketsError, TicketServer, TicketServerUnavailab
 from sqlalchemy_tickets.dialects.base import TableInfo
 from support.pgbouncer import PgBouncer, pgbouncer  # noqa: F401 - the fixture
 from support.proxy import TcpProxy
-from support.tables import drop_ticket_tables_one_by_one
+from support.tables import drop_ticket_tables_one_by_one, ticket_tables
 
 SEQUENCES = [f"seq{i:03d}" for i in range(300)]
 TABLES = [f"tickets__{name}" for name in SEQUENCES]
@@ -33,17 +33,6 @@ def database_url(database_url: str) -> Iterator[str]:
     """A fresh database on each backend, its hundreds of ticket tables dropped one by one."""
     yield database_url
     drop_ticket_tables_one_by_one(database_url)
-
-
-def ticket_tables(url: str) -> set[str]:
-    """The ticket tables of the database at ``url`` (lower case)."""
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    try:
-        with engine.connect() as conn:
-            names = sa.inspect(conn).get_table_names()
-    finally:
-        engine.dispose()
-    return {name.lower() for name in names if name.lower().startswith("tickets__")}
 
 
 def rows_of(url: str, tables: list[str]) -> dict[str, list[tuple[int, int, int]]]:

@@ -24,3 +24,14 @@ def drop_ticket_tables_one_by_one(url: str) -> None:
                 conn.commit()
     finally:
         engine.dispose()
+
+
+def ticket_tables(url: str) -> set[str]:
+    """The ticket tables of the database at ``url`` (lower case)."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            names = sa.inspect(conn).get_table_names()
+    finally:
+        engine.dispose()
+    return {name.lower() for name in names if name.lower().startswith("tickets__")}

@@ -152,19 +152,26 @@ def test_quiet_lanes_stay_on_the_fast_path(clock: Clock, caches: list) -> None:
     assert cache.stats()["blocking_waits"] == 0  # prepare's first blocks are no caller's wait
 
 
+class Batching(MemorySource):
+    """Takes and gives back many sequences per call, recording how many each call carried."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+
+    def next_blocks(self, requests: list) -> list:
+        self.batches.append(len(requests))
+        return [self.next_block(s, c, bits=b) for s, c, b in requests]
+
+    def give_back_many(self, items: list) -> list:
+        self.batches.append(len(items))
+        return [self.give_back(s, ids, bits=b) for s, ids, b in items]
+
+
 def test_prepare_takes_every_first_block_in_one_call_where_the_source_takes_many(
     clock: Clock, caches: list
 ) -> None:
-    class Many(MemorySource):
-        def __init__(self) -> None:
-            super().__init__()
-            self.batches: list[int] = []
-
-        def next_blocks(self, requests: list) -> list:
-            self.batches.append(len(requests))
-            return [self.next_block(s, c, bits=b) for s, c, b in requests]
-
-    source = Many()
+    source = Batching()
     cache = CachedSource(source, clock=clock)
     caches.append(cache)
     cache.prepare([f"p{i}" for i in range(700)])
@@ -178,19 +185,11 @@ def test_prepare_takes_every_first_block_in_one_call_where_the_source_takes_many
 def test_close_gives_every_lane_back_in_one_call_where_the_source_takes_many(
     clock: Clock, caches: list
 ) -> None:
-    class Many(MemorySource):
-        def __init__(self) -> None:
-            super().__init__()
-            self.batches: list[int] = []
-
-        def give_back_many(self, items: list) -> list:
-            self.batches.append(len(items))
-            return [self.give_back(s, ids, bits=b) for s, ids, b in items]
-
-    source = Many()
+    source = Batching()
     cache = CachedSource(source, clock=clock)
     for i in range(500):
         cache.next_id(f"g{i}")
+    source.batches.clear()  # the refills' batches: only close()'s are counted
     assert cache.close() == 0
     assert source.batches == [500]
 
