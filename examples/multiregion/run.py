@@ -559,9 +559,11 @@ def _scenario(args: argparse.Namespace, processes: list[SpawnProcess],
 def wait_for_low_stock(args: argparse.Namespace, url: str,
                        stop: Event) -> dict[str, Any] | None:
     """Wait until the datacenter's stock of orders is down near its refill mark (half its
-    target): the least stock a tier holds, the worst moment for a cut. Gives up after
-    ``supply`` seconds (the stock then holds more); returns what it saw last."""
-    deadline = time.monotonic() + args.supply
+    target): the least stock a tier holds, the worst moment for a cut. Gives up after three
+    times ``supply`` seconds (the stock then holds more: the caches take their blocks from it
+    in lumps of their own ``supply``, so one refill period may pass it by); returns what it
+    saw last."""
+    deadline = time.monotonic() + 3 * args.supply
     seen: dict[str, Any] | None = None
     while time.monotonic() < deadline:
         figures = tier_figures(url).get("orders")
@@ -571,7 +573,7 @@ def wait_for_low_stock(args: argparse.Namespace, url: str,
             if figures["stock"] <= seen["refill_mark"] * NEAR_LOW:
                 return seen
         stop.wait(0.25)
-    print(f"{CUT}'s stock did not come down near its refill mark within {args.supply:g} s: "
+    print(f"{CUT}'s stock did not come down near its refill mark within {3 * args.supply:g} s: "
           f"cutting now", flush=True)
     return seen
 
