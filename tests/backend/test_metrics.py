@@ -74,7 +74,12 @@ def read_back(reader: InMemoryMetricReader) -> dict[str, dict[tuple[str, int], f
 
 def test_each_instrument_reads_back_what_stats_says(reader, server) -> None:
     photos, accounts = _name(), _name()
-    cache = CachedSource(server, min_block=50)
+    # The rate a cache reports is the estimate a sample taken at the moment of reading would
+    # make (a quiet lane's decays as time passes): two reads compare equal only at one moment
+    # of the cache's clock, which is stopped once the ids are drawn.
+    stopped: list[float] = []
+    cache = CachedSource(server, min_block=50,
+                         clock=lambda: stopped[0] if stopped else time.monotonic())
     try:
         ids = [cache.next_id(photos) for _ in range(120)]
         while len(ids) < 150:  # a cache may hand out fewer than asked: ask again
@@ -82,6 +87,7 @@ def test_each_instrument_reads_back_what_stats_says(reader, server) -> None:
         small = [cache.next_id(accounts, bits=32) for _ in range(7)]
         assert len(set(ids)) == 150 and len(small) == 7
         assert cache.wait_idle(10)
+        stopped.append(time.monotonic())
         values = read_back(reader)
         stats = cache.stats()["sequences"]
         for instrument, key in STATS_KEY.items():
@@ -205,6 +211,7 @@ def test_figures_match_stats_per_sequence(server) -> None:
     sequence = _name()
     with CachedSource(server) as cache:
         cache.next_id(sequence)
+        assert cache.wait_idle(10)  # a refill landing between the two reads changes both
         (entry,) = [f for f in figures() if f.sequence == sequence]
         lane = cache.stats()["sequences"][f"{sequence}/64"]
         assert (entry.issued, entry.in_hand, entry.round_trips, entry.bits) == (

@@ -10,6 +10,7 @@ a deadline; ``time.sleep`` only paces a workload.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -458,6 +459,47 @@ def test_releasing_refill_claims_never_deadlocks_with_writers_in_key_order(
                             describe_datacenter(url)),
             5, "the claims to be released",
         )
+    finally:
+        upstream.gate.set()
+        engine.dispose()
+        tier.close()
+        preparing.join(30)
+
+
+@pytest.mark.backend("postgresql", "mysql")
+def test_a_writer_holding_a_state_row_past_the_timeout_does_not_keep_the_claims(
+    backend: str, make_database: Callable[[str], str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A release of refill claims that waits on a writer's row lock longer than the tier's
+    timeout is cut; it is made again, so the claims are gone soon after the writer commits,
+    not after ``claim_timeout`` (every process's refills of those sequences wait until then)."""
+    caplog.set_level(logging.DEBUG, logger="sqlalchemy_tickets")
+    url = make_database(backend)
+    upstream = _FailsAfterGate()
+    tier = DatacenterTier(url, upstream, supply=0.001, min_block=10, timeout=1.0,
+                          claim_timeout=60.0, backoff=60.0, max_backoff=60.0)
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    lock = sa.text("SELECT sequence_name FROM tickets_dc__state WHERE sequence_name = :name "
+                   "FOR UPDATE")
+    preparing = threading.Thread(target=_quietly, args=(tier.prepare, ["held"]),
+                                 name="draw-prepare")
+    preparing.start()
+
+    def claimed() -> bool:
+        return any(s.sequence == "held" and s.claim_owner for s in describe_datacenter(url))
+
+    def release_cut() -> bool:
+        return any("releasing" in r.getMessage() and "claims" in r.getMessage()
+                   and "failed" in r.getMessage() for r in caplog.records)
+
+    try:
+        assert upstream.entered.wait(60)
+        _wait_for(claimed, 30, "the refill claim")
+        with engine.connect() as conn, conn.begin():
+            conn.execute(lock, {"name": "held"}).all()
+            upstream.gate.set()  # upstream fails: the claim is released, behind this lock
+            _wait_for(release_cut, 30, "the release to outlive the timeout and be cut")
+        _wait_for(lambda: not claimed(), 10, "the claim to be released")
     finally:
         upstream.gate.set()
         engine.dispose()

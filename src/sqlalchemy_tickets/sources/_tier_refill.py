@@ -41,6 +41,9 @@ _STORE_ATTEMPTS = 3
 #: Seconds before a sequence another process refills is looked at again.
 _BUSY_LOOK = 1.0
 
+#: Longest pause between two attempts to release refill claims.
+_RELEASE_PAUSE = 0.5
+
 
 class MissingTables(Exception):
     """The tier's tables are not there (raised inside a unit, handled by its caller)."""
@@ -428,26 +431,40 @@ class TierRefills:
             logger.debug("%s: making mark rows failed (the store makes them): %s", self, error)
 
     def _release(self, lanes: list[Lane]) -> None:
+        """Release the refill claims of ``lanes``, trying again until it works or the claims
+        run out by themselves: a writer holding a state row past ``timeout`` (the release
+        waits for its row lock, and is cut) must not leave the sequences unrefilled by every
+        process until ``claim_timeout``."""
         state = self.tier.store.state
-        try:
-            with self.tier._unit() as conn:
-                conn.execute(
-                    sa.update(state)
-                    .where(
-                        state.c.sequence_name == sa.bindparam("k_name"),
-                        state.c.bits == sa.bindparam("k_bits"),
-                        state.c.claim_owner == self.tier.owner,
+        keys = sorted({lane.key for lane in lanes})
+        deadline = time.monotonic() + self.tier.claim_timeout
+        pause = min(self.tier.backoff, _RELEASE_PAUSE)
+        while True:
+            try:
+                with self.tier._unit() as conn:
+                    conn.execute(
+                        sa.update(state)
+                        .where(
+                            state.c.sequence_name == sa.bindparam("k_name"),
+                            state.c.bits == sa.bindparam("k_bits"),
+                            state.c.claim_owner == self.tier.owner,
+                        )
+                        .values(claim_owner="", claim_until=0),
+                        # In key order, as every writer of several rows locks them: two
+                        # writers locking in different orders would wait for each other.
+                        [{"k_name": name, "k_bits": bits} for name, bits in keys],
                     )
-                    .values(claim_owner="", claim_until=0),
-                    # In key order, as every writer of several rows locks them: two writers
-                    # locking in different orders would wait for each other for ever.
-                    [{"k_name": name, "k_bits": bits}
-                     for name, bits in sorted({lane.key for lane in lanes})],
-                )
-        except (sa_exc.DBAPIError, DatabaseUnavailable, MissingTables) as error:
-            # The claims run out by themselves after claim_timeout.
-            logger.warning("%s: releasing the refill claims of %s failed: %s",
-                           self, ", ".join(lane.label for lane in lanes[:3]), error)
+                return
+            except (sa_exc.DBAPIError, DatabaseUnavailable, MissingTables) as error:
+                if isinstance(error, MissingTables) or time.monotonic() + pause >= deadline:
+                    logger.warning("%s: releasing the refill claims of %s failed (they run out "
+                                   "by themselves within %g s): %s", self,
+                                   ", ".join(lane.label for lane in lanes[:3]),
+                                   self.tier.claim_timeout, error)
+                    return
+                logger.debug("%s: releasing refill claims failed, again: %s", self, error)
+            time.sleep(pause)
+            pause = min(2 * pause, _RELEASE_PAUSE)
 
     def _mark_exhausted(self, lane: Lane) -> None:
         state = self.tier.store.state
