@@ -28,8 +28,10 @@ same bound with the same :data:`watchdog` (and :func:`bounded_call` for psycopg'
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
+import random
 import socket
 import threading
 import time
@@ -59,6 +61,7 @@ Bind = Union[str, URL, Engine, "AsyncEngine"]
 __all__ = [
     "ConnectParams",
     "OwnEngine",
+    "StaleConnection",
     "Watchdog",
     "bounded_call",
     "create_under_lock",
@@ -68,6 +71,31 @@ __all__ = [
 logger = logging.getLogger("sqlalchemy_tickets")
 
 R = TypeVar("R")
+
+#: What the library keeps in a pooled connection's ``info`` (SQLAlchemy clears it when the
+#: connection is invalidated or replaced): its cursor.
+_CURSOR = "sqlalchemy_tickets.cursor"
+
+#: Times one call meets a connection closed under it before the database counts as
+#: unavailable (each time on a newer connection: one closed by a server that keeps accepting
+#: new ones, as a reaper or an operator does, costs one attempt).
+CLOSED_ATTEMPTS = 3
+
+#: Times a statement that lost a write conflict (Galera certification, deadlock) runs again
+#: within one round trip before its error reaches the caller.
+CONFLICT_RETRIES = 50
+
+
+#: SQLAlchemy 2.0.43 and newer can leave out the DBAPI ``rollback()`` of a connection in
+#: autocommit at the end of each use (a round trip on MySQL drivers, for nothing).
+_SKIPS_ROLLBACK = "skip_autocommit_rollback" in inspect.signature(
+    sa.engine.default.DefaultDialect.__init__
+).parameters
+
+
+class StaleConnection(Exception):
+    """A unit of work found its pooled connection closed under it (raised inside
+    :meth:`OwnEngine.run`'s retries, never to the library's callers)."""
 
 
 # -- the watchdog ----------------------------------------------------------------------------
@@ -210,10 +238,10 @@ def _listen_for_inheritance(app_engine: Engine) -> None:
 class _Clock:
     """The watchdog's clock on one unit of work of an :class:`OwnEngine`'s connection."""
 
-    def __init__(self, own: OwnEngine, dbapi_connection: Any) -> None:
+    def __init__(self, own: OwnEngine, dbapi_connection: Any, seconds: float | None = None) -> None:
         self._own = own
         self._dbapi_connection = dbapi_connection
-        self._token = own.arm(dbapi_connection)
+        self._token = own.arm(dbapi_connection, seconds)
         #: Whether the unit overran and the connection was cut.
         self.cut = False
 
@@ -315,6 +343,8 @@ class OwnEngine:
             )
         if self.inherits:
             options["creator"] = self._inherited_connection
+        if _SKIPS_ROLLBACK:
+            options["skip_autocommit_rollback"] = True
         try:
             self.engine: Engine = sa.create_engine(
                 driven_url(url) if self.driven else url,
@@ -332,6 +362,11 @@ class OwnEngine:
             event.listen(self.engine, "do_connect", self._from_url)
         # First, so the dialect's own first-connect queries are bounded too.
         event.listen(self.engine, "connect", self._arm_new, insert=True)
+        self._made = itertools.count(1)
+        #: Connections made so far: each new one may reach another database (a failover
+        #: behind the same name), which its users check before trusting what they knew.
+        self.connections = 0
+        event.listen(self.engine, "connect", self._counted)
 
     def __repr__(self) -> str:
         return f"OwnEngine({self.url.render_as_string()!r}, inherits={self.inherits})"
@@ -363,6 +398,9 @@ class OwnEngine:
             self.backend.settle_own_connection(connection)
         return connection
 
+    def _counted(self, dbapi_connection: Any, record: Any) -> None:
+        self.connections = next(self._made)
+
     def _arm_new(self, dbapi_connection: Any, record: Any) -> None:
         tokens: list[int] | None = getattr(_local, "connecting", {}).get(id(self))
         if tokens is not None:
@@ -389,17 +427,19 @@ class OwnEngine:
                 watchdog.disarm(token)
             del pending[id(self)]
 
-    def raw_connection(self) -> Any:
-        """A pooled DBAPI connection (``PoolProxiedConnection``), its connect bounded; bound
-        each use with :meth:`arm` / :meth:`disarm`."""
+    def _checkout(self) -> Any:
+        """A pooled DBAPI connection (``PoolProxiedConnection``), its connect bounded."""
         with self._connecting():
             return self.engine.raw_connection()
 
-    def arm(self, dbapi_connection: Any) -> int | None:
-        """Start the clock on a unit of work on ``dbapi_connection`` (``None``: nothing to
-        watch, e.g. SQLite)."""
+    def arm(self, dbapi_connection: Any, seconds: float | None = None) -> int | None:
+        """Start the clock on a unit of work on ``dbapi_connection`` (``seconds``: what is
+        left of the call's time, else ``timeout``; ``None`` returned: nothing to watch, e.g.
+        SQLite)."""
         fd = self.backend.socket_fd(dbapi_connection)
-        return watchdog.arm(fd, self.timeout) if fd is not None else None
+        if fd is None:
+            return None
+        return watchdog.arm(fd, self.timeout if seconds is None else seconds)
 
     @staticmethod
     def disarm(token: int | None) -> bool:
@@ -407,34 +447,183 @@ class OwnEngine:
         it, even if the unit's last answer arrived)."""
         return token is None or watchdog.disarm(token)
 
+    def _disconnected(self, error: Any, conn: Any, cursor: Any) -> bool:
+        """Whether ``error`` says the connection is closed (by the server, or by something in
+        between), so that every connection the pool made before it may be too."""
+        dialect = self.engine.dialect
+        try:
+            return bool(dialect.is_disconnect(error, conn.dbapi_connection, cursor))
+        except Exception:  # a dialect that cannot tell on a broken connection
+            return False
+
+    def _forget_older(self, conn: Any, error: BaseException) -> None:
+        """Invalidate every connection the pool made up to ``conn`` (those checked out now are
+        replaced when they come back): what SQLAlchemy's own connections do on a disconnect.
+        An idle reaper, ``pg_terminate_backend`` or a pooler's restart closes them all."""
+        self.engine.pool._invalidate(conn, error)
+
+    def round_trip(self, work: Callable[[Any], R]) -> R:
+        """``work(cursor)`` on a pooled connection in autocommit, the whole call bounded by
+        ``timeout``; the cursor stays with its connection for the next call.
+
+        A connection found closed by the server or by something in between (an idle reaper,
+        ``pg_terminate_backend``, ``KILL CONNECTION``, a pooler or proxy restart) costs only
+        the round trip that found it: the pool forgets every connection it made before
+        (SQLAlchemy's pool invalidation) and ``work`` runs again on a fresh one, within what is
+        left of the call's time. ``work`` must be safe to run again: a statement whose answer
+        was lost may have run (a block taken that way is burned: never handed out, and never
+        taken again, since the next take starts above it). A statement that lost a write
+        conflict (a deadlock, a failed Galera certification) was rolled back whole and runs
+        again. A database file replaced under its connections (SQLite) is reopened once.
+
+        Raises the ``unavailable`` error when the database refuses or drops a fresh
+        connection, or does not answer in time; other DBAPI errors (a missing table, a
+        constraint) as the driver raised them.
+        """
+        deadline = time.monotonic() + self.timeout
+        dbapi_error = self.engine.dialect.loaded_dbapi.Error
+        reopened = False
+        closed = 0
+        while True:
+            conn = self._checkout()
+            left = deadline - time.monotonic()
+            cursor = None
+            token = None
+            try:
+                held = conn.info.get(_CURSOR)
+                if held is None:
+                    held = conn.info[_CURSOR] = conn.cursor()
+                cursor = held
+                token = self.arm(conn.dbapi_connection, max(left, 0.0))
+                result = self._without_conflicts(work, cursor, deadline)
+            except dbapi_error as error:
+                in_time = self.disarm(token) and time.monotonic() < deadline
+                if in_time and self.backend.is_missing_table(error):
+                    conn.close()  # the connection is fine: back to the pool
+                    raise
+                disconnected = self._disconnected(error, conn, cursor)
+                conn.invalidate(error)
+                if in_time and not reopened and self.backend.is_moved(error):
+                    reopened = True  # a file replaced: its other connections have the old one
+                    self.dispose()
+                    continue
+                if disconnected:
+                    self._forget_older(conn, error)
+                    closed += 1
+                    if in_time and closed < CLOSED_ATTEMPTS:
+                        logger.debug("%s: a connection was closed under a round trip (%s); "
+                                     "again on a new one", self, error)
+                        continue
+                dbapi = self.engine.dialect.loaded_dbapi
+                if not in_time or disconnected or isinstance(
+                    error, (dbapi.OperationalError, dbapi.InterfaceError)
+                ):
+                    raise self._error(error, not in_time) from error
+                raise
+            except BaseException:
+                self.disarm(token)
+                conn.invalidate()
+                raise
+            if not self.disarm(token):
+                # The answer came as the deadline passed: the socket is being cut.
+                conn.invalidate()
+            else:
+                conn.close()
+            return result
+
+    def _without_conflicts(self, work: Callable[[Any], R], cursor: Any, deadline: float) -> R:
+        """``work(cursor)``, again while it loses write conflicts (rolled back whole: it did
+        nothing), until :data:`CONFLICT_RETRIES` or the deadline."""
+        dbapi_error = self.engine.dialect.loaded_dbapi.Error
+        for attempt in range(1, CONFLICT_RETRIES + 1):
+            try:
+                return work(cursor)
+            except dbapi_error as error:
+                if (
+                    attempt == CONFLICT_RETRIES
+                    or time.monotonic() >= deadline
+                    or not self.backend.is_conflict(error)
+                ):
+                    raise
+                logger.debug("%s: a statement conflicted (%s); again", self, error)
+                # Apart from the writer it lost to, which is still at it.
+                time.sleep(random.uniform(0, min(0.05, 0.0005 * 2**attempt)))
+        raise AssertionError("unreachable")
+
+    def run(self, work: Callable[[sa.Connection], R], *, each_statement: bool = False) -> R:
+        """``work(connection)`` in one unit (:meth:`connect`); a pooled connection found
+        closed under it costs only that attempt: ``work`` runs again on a fresh connection
+        (every older one forgotten), within the unit's time. ``work`` must be safe to run
+        again (its transaction, if it opened one, either committed with its answer lost or
+        did nothing)."""
+        deadline = time.monotonic() + self.timeout
+        for attempt in range(1, CLOSED_ATTEMPTS + 1):
+            try:
+                with self.connect(
+                    each_statement=each_statement,
+                    deadline=deadline,
+                    again=attempt < CLOSED_ATTEMPTS,
+                ) as conn:
+                    return work(conn)
+            except StaleConnection:
+                logger.debug("%s: a connection was closed under a unit of work; again on a "
+                             "new one", self)
+        raise AssertionError("unreachable: the last attempt raises the unavailable error")
+
     @contextmanager
-    def connect(self, *, each_statement: bool = False) -> Iterator[sa.Connection]:
+    def connect(
+        self,
+        *,
+        each_statement: bool = False,
+        deadline: float | None = None,
+        again: bool = False,
+    ) -> Iterator[sa.Connection]:
         """An autocommit ``Connection`` for one bounded unit of work.
 
-        The whole unit (connect included) gets ``timeout`` seconds; with ``each_statement``,
-        each statement (and the work before it) gets them, for a unit of many statements
-        (tables created in batches) that a server answering every one of them in time may
-        take longer than that over. A database that refuses, drops or outlives the timeout
-        raises the ``unavailable`` error; other database errors (a constraint, a missing
-        table) propagate as SQLAlchemy raised them.
+        The whole unit (connect included) gets ``timeout`` seconds (or until ``deadline``, on
+        the monotonic clock); with ``each_statement``, each statement (and the work before it)
+        gets them, for a unit of many statements (tables created in batches) that a server
+        answering every one of them in time may take longer than that over. A database that
+        refuses, drops or outlives the timeout raises the ``unavailable`` error; other
+        database errors (a constraint, a missing table) propagate as SQLAlchemy raised them.
+        With ``again`` (:meth:`run`), a connection found closed under the unit before the
+        deadline raises :class:`StaleConnection` instead, for ``run`` to try again.
         """
         with self._connecting():
             conn = self.engine.connect()
-        clock = _Clock(self, conn.connection.dbapi_connection)
+        dbapi_connection = conn.connection.dbapi_connection
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        clock = _Clock(self, dbapi_connection, left)
         if each_statement:
             event.listen(conn, "before_cursor_execute", clock.restart)
+        dbapi_error = self.engine.dialect.loaded_dbapi.Error
         try:
             yield conn
-        except sa_exc.DBAPIError as error:
+        except (sa_exc.DBAPIError, dbapi_error) as error:
             cut = not clock.stop()
-            if cut or error.connection_invalidated:
+            if isinstance(error, sa_exc.DBAPIError):
+                closed = error.connection_invalidated
+            else:  # a raw cursor's error (a unit that reads through the DBAPI)
+                closed = not conn.invalidated and self._disconnected(
+                    error, conn.connection, None)
+                if closed:
+                    self._forget_older(conn.connection, error)
+            if cut or closed:
                 conn.invalidate()
+                if again and not cut and (deadline is None or time.monotonic() < deadline):
+                    raise StaleConnection() from error
                 raise self._error(error, cut) from error
             raise
         finally:
             if not clock.stop() and not conn.invalidated:
                 conn.invalidate()  # it overran while finishing: never reuse a cut socket
-            conn.close()
+            try:
+                conn.close()
+            except sa_exc.DBAPIError:
+                # Ending it (an older SQLAlchemy's rollback in autocommit) met a connection
+                # closed since the unit's last statement: its work is done, and SQLAlchemy
+                # has discarded the connection.
+                logger.debug("%s: closing a connection that was closed under it", self)
 
     def _error(
         self, error: BaseException, cut: bool, *, connecting: bool = False

@@ -248,8 +248,7 @@ class TierRefills:
         if not lanes:
             return
         prefixes = {self._mark_prefix(lane): lane for lane in lanes}
-        with self.tier.own.connect() as conn:
-            rows = self.tier.store.marks_starting(conn, prefixes)
+        rows = self.tier.own.run(lambda conn: self.tier.store.marks_starting(conn, prefixes))
         highs: dict[int, int] = {}
         for row in rows:
             for prefix, lane in prefixes.items():
@@ -364,6 +363,11 @@ class TierRefills:
                 # that set it was claimed (database clock, in ``stamp``): a lower block from a
                 # refill claimed before that is late, not a rewind.
                 late = block.start <= high and refill.claimed_at and refill.claimed_at < set_at
+                if block[-1] == high and refill.claimed_at and set_at == refill.claimed_at:
+                    # Stored already, by an attempt of this very store whose COMMIT's answer
+                    # was lost (the connection was closed as it came back).
+                    outcomes.append((refill, "stored"))
+                    continue
                 if block.start <= lane.floor or (block.start <= high and not late):
                     rewound.append((refill, block, max(high, lane.floor)))
                     continue
@@ -425,8 +429,8 @@ class TierRefills:
 
     def _seed_marks(self, names: set[str]) -> None:
         try:
-            with self.tier._unit(transaction=False) as conn:
-                self.tier.store.seed_marks(conn, names)
+            self.tier._run(lambda conn: self.tier.store.seed_marks(conn, names),
+                           transaction=False)
         except (sa_exc.DBAPIError, DatabaseUnavailable, MissingTables) as error:
             logger.debug("%s: making mark rows failed (the store makes them): %s", self, error)
 
@@ -437,23 +441,23 @@ class TierRefills:
         process until ``claim_timeout``."""
         state = self.tier.store.state
         keys = sorted({lane.key for lane in lanes})
+        release = (
+            sa.update(state)
+            .where(
+                state.c.sequence_name == sa.bindparam("k_name"),
+                state.c.bits == sa.bindparam("k_bits"),
+                state.c.claim_owner == self.tier.owner,
+            )
+            .values(claim_owner="", claim_until=0)
+        )
+        # In key order, as every writer of several rows locks them: two writers locking in
+        # different orders would wait for each other.
+        rows = [{"k_name": name, "k_bits": bits} for name, bits in keys]
         deadline = time.monotonic() + self.tier.claim_timeout
         pause = min(self.tier.backoff, _RELEASE_PAUSE)
         while True:
             try:
-                with self.tier._unit() as conn:
-                    conn.execute(
-                        sa.update(state)
-                        .where(
-                            state.c.sequence_name == sa.bindparam("k_name"),
-                            state.c.bits == sa.bindparam("k_bits"),
-                            state.c.claim_owner == self.tier.owner,
-                        )
-                        .values(claim_owner="", claim_until=0),
-                        # In key order, as every writer of several rows locks them: two
-                        # writers locking in different orders would wait for each other.
-                        [{"k_name": name, "k_bits": bits} for name, bits in keys],
-                    )
+                self.tier._run(lambda conn: conn.execute(release, rows))
                 return
             except (sa_exc.DBAPIError, DatabaseUnavailable, MissingTables) as error:
                 if isinstance(error, MissingTables) or time.monotonic() + pause >= deadline:
@@ -469,12 +473,11 @@ class TierRefills:
     def _mark_exhausted(self, lane: Lane) -> None:
         state = self.tier.store.state
         try:
-            with self.tier._unit() as conn:
-                conn.execute(
-                    sa.update(state).where(
-                        state.c.sequence_name == lane.name, state.c.bits == lane.bits
-                    ).values(exhausted=1)
-                )
+            self.tier._run(lambda conn: conn.execute(
+                sa.update(state).where(
+                    state.c.sequence_name == lane.name, state.c.bits == lane.bits
+                ).values(exhausted=1)
+            ))
         except (sa_exc.DBAPIError, DatabaseUnavailable, MissingTables) as error:
             logger.warning("%s: recording that %s is exhausted failed: %s",
                            self, lane.label, error)

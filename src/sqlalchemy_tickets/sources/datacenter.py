@@ -85,8 +85,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -681,23 +680,28 @@ class DatacenterTier:
                 self._lanes[sequence, bits] = lane
         return lane
 
-    @contextmanager
-    def _unit(self, *, transaction: bool = True) -> Iterator[sa.Connection]:
-        """One bounded unit of work on the tier's database (a transaction, or one autocommit
-        statement); its errors in the library's terms."""
+    def _run(self, work: Callable[[sa.Connection], _T], *, transaction: bool = True) -> _T:
+        """``work(conn)`` as one bounded unit of work on the tier's database (a transaction, or
+        autocommit statements), made again on a fresh connection when the pooled one was
+        found closed (``OwnEngine.run``: ``work`` must be safe to run again); its errors in
+        the library's terms."""
         queued = self.backend.queue_local_writers
         if queued and not self._writing.acquire(timeout=self.timeout):
             raise TicketServerUnavailable(
                 f"{self}: the database stayed busy with this process's other writers for "
                 f"{self.timeout:g} s"
             )
+
+        def unit(conn: sa.Connection) -> _T:
+            if not transaction:
+                return work(conn)
+            with self.backend.transaction(conn, self.timeout):
+                return work(conn)
+
         try:
-            with self.own.connect() as conn:
-                if transaction:
-                    with self.backend.transaction(conn, self.timeout):
-                        yield conn
-                else:
-                    yield conn
+            return self.own.run(unit)
+        except self.own.engine.dialect.loaded_dbapi.Error as error:  # a raw cursor's
+            raise self.own.unavailable(error) from error
         except sa_exc.DBAPIError as error:
             if missing_table(self.backend, error):
                 raise MissingTables from error
@@ -726,8 +730,7 @@ class DatacenterTier:
             ):
                 self._verify_identity()
             try:
-                with self._unit(transaction=transaction) as conn:
-                    return work(conn)
+                return self._run(work, transaction=transaction)
             except (MissingTables, NoState):
                 for lane in lanes:
                     lane.ready = False
@@ -751,8 +754,7 @@ class DatacenterTier:
         keys = [lane.key for lane in lanes]
         for attempt in (1, 2):
             try:
-                with self._unit() as conn:
-                    self.store.seed(conn, keys)
+                self._run(lambda conn: self.store.seed(conn, keys))
                 for lane in lanes:
                     lane.ready = True
                 return
@@ -776,8 +778,10 @@ class DatacenterTier:
             self._created = True
             return
         try:
-            with self._unit(transaction=False) as conn:
-                missing = [c for c, _ in self.backend.missing_columns(conn, self.store.state)]
+            missing = self._run(
+                lambda conn: [c for c, _ in self.backend.missing_columns(conn, self.store.state)],
+                transaction=False,
+            )
         except (MissingTables, sa_exc.NoSuchTableError):
             return  # no tables: the seed says so
         if missing:
@@ -919,8 +923,7 @@ class DatacenterTier:
     def _peek(self, lane: Lane) -> bool:
         """Whether the stock holds ids (or upstream is exhausted), by a plain read."""
         try:
-            with self.own.connect() as conn:
-                row = self.store.look(conn, lane.key)
+            row = self.own.run(lambda conn: self.store.look(conn, lane.key))
         except (sa_exc.DBAPIError, DatabaseUnavailable):
             return True  # the take says what is wrong
         return row is None or row.stock > 0 or bool(row.exhausted)
@@ -944,33 +947,41 @@ class DatacenterTier:
         the stock once, whichever process sees it first, and record the new identity."""
         name = self.names.state
         pseudo = TicketTable(None, 64, name)  # the stamp of the tier is keyed by its state table
+
+        def check(conn: sa.Connection) -> tuple[Identity, Identity | None, tuple[Any, ...],
+                                                 int | None] | None:
+            cursor = conn.connection.cursor()
+            try:
+                live = self.backend.identity(cursor, self.own.engine.dialect, pseudo)
+            finally:
+                cursor.close()
+            if live is None:
+                return None  # the tables are not there yet
+            columns = self.store.guard_columns
+            guard = tuple(conn.execute(sa.select(*columns)).one()) if columns else ()
+            stored = self.backend.read_stamp(conn, pseudo)
+            reference = self._identity or stored
+            discarded = None
+            if reference is None:
+                self.backend.record_stamp(conn, pseudo, live, None)
+            elif live.same(reference) or live.promoted_from(reference):
+                if stored is None or not stored.same(live):
+                    self.backend.record_stamp(conn, pseudo, live, None)
+            elif stored is not None and stored.same(live):
+                pass  # another process saw it first and discarded the stock
+            else:
+                discarded = self.store.discard_everything(conn)
+                self.backend.record_stamp(conn, pseudo, live, None)
+            return live, reference, guard, discarded
+
         try:
-            with self._unit() as conn:
-                cursor = conn.connection.cursor()
-                try:
-                    live = self.backend.identity(cursor, self.own.engine.dialect, pseudo)
-                finally:
-                    cursor.close()
-                if live is None:
-                    return  # the tables are not there yet
-                columns = self.store.guard_columns
-                guard = tuple(conn.execute(sa.select(*columns)).one()) if columns else ()
-                stored = self.backend.read_stamp(conn, pseudo)
-                reference = self._identity or stored
-                discarded = None
-                if reference is None:
-                    self.backend.record_stamp(conn, pseudo, live, None)
-                elif live.same(reference) or live.promoted_from(reference):
-                    if stored is None or not stored.same(live):
-                        self.backend.record_stamp(conn, pseudo, live, None)
-                elif stored is not None and stored.same(live):
-                    pass  # another process saw it first and discarded the stock
-                else:
-                    discarded = self.store.discard_everything(conn)
-                    self.backend.record_stamp(conn, pseudo, live, None)
+            checked = self._run(check)
         except (MissingTables, sa_exc.DBAPIError, DatabaseUnavailable) as error:
             logger.debug("%s: identity check failed: %s", self, error)
             return
+        if checked is None:
+            return
+        live, reference, guard, discarded = checked
         if discarded is not None:
             self._rewinds += 1
             logger.warning(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import threading
 import time
 import weakref
@@ -76,10 +75,6 @@ PAUSED_OFFSET = 0
 
 #: Counts above this are checked against the sequence's bit width before anything else.
 _MAX_ID_32 = 2**31 - 1
-
-#: Times a statement that lost a write conflict (Galera certification, deadlock) runs again
-#: within one round trip before its error reaches the caller.
-_CONFLICT_RETRIES = 50
 
 #: Sequences whose first contact is made together (:meth:`TicketServer.prepare`).
 PREPARE_BATCH = 1000
@@ -205,13 +200,6 @@ class _Known:
     epoch: int = 0
 
 
-def _close_quietly(cursor: Any) -> None:
-    try:
-        cursor.close()
-    except Exception:  # a cursor on a dead connection
-        logger.debug("closing a ticket cursor failed", exc_info=True)
-
-
 class TicketServer:
     """A ticket database, reached on connections of its own in autocommit.
 
@@ -313,16 +301,10 @@ class TicketServer:
         # Per caller spelling of (sequence, bits): the table and what is known of it, so the
         # hot path validates a name once, not per call.
         self._known: dict[tuple[str | None, int], _Known] = {}
-        # Connections checked out of the pool once and kept, each with its cursor: a pool
-        # checkout and a new cursor per id cost more than the round trip's own client work.
-        self._idle: list[tuple[Any, Any]] = []
         self._issued = 0
         self._round_trips = 0
         # Per table, the highest id issued here or known to be in use: no block may reach it.
         self._high: dict[TicketTable, _Mark] = {}
-        # Counts new connections: each may reach another database (a failover), so the
-        # identity of every known table is checked again before its next block.
-        self._epoch = 0
         self._rewinds = 0
         self._marks = _MarkGate()
         self._stamps = True  # False once the stamp table proved out of reach
@@ -364,7 +346,7 @@ class TicketServer:
         known = self._known.get((sequence, bits))
         if known is None:
             known = self._first_contact(sequence, bits)
-        elif known.epoch != self._epoch or (
+        elif known.epoch != self.own.connections or (
             not self.backend.identity_in_block_complete
             and time.monotonic() - known.checked >= self.identity_interval
         ):
@@ -377,9 +359,9 @@ class TicketServer:
                 # for the takes in flight.)
                 mark = self._mark(table)
                 high = mark.high
-                epoch = self._epoch
+                epoch = self.own.connections
                 block = self._take_block(known, count)
-                if self._epoch != epoch and self._check_identity(known):
+                if self.own.connections != epoch and self._check_identity(known):
                     continue  # taken on a new connection, from a database that changed
                 if block.start > high:
                     with self._lock:
@@ -607,7 +589,7 @@ class TicketServer:
                 pass  # recorded concurrently: the next check reads it
             except sa_exc.DBAPIError as error:
                 self._stamps_out_of_reach(error)
-        epoch = self._epoch
+        epoch = self.own.connections
         with self._lock:
             for sequence, known in ready:
                 known.epoch = epoch
@@ -638,7 +620,7 @@ class TicketServer:
         """One transaction taking a block of each table (``None``: a table the plain take could
         not serve: its caller goes the long way)."""
         for known, _ in wanted:
-            if known.epoch != self._epoch or (
+            if known.epoch != self.own.connections or (
                 not self.backend.identity_in_block_complete
                 and time.monotonic() - known.checked >= self.identity_interval
             ):
@@ -648,12 +630,12 @@ class TicketServer:
         with self._marks.taking():
             marks = [self._mark(known.table) for known, _ in wanted]
             highs = [mark.high for mark in marks]
-            epoch = self._epoch
+            epoch = self.own.connections
             lasts: list[int | None] = self._round_trip(
                 self._take_many, wanted[0][0].table,
                 [(k.table, count, k.info, k.identity) for k, count in wanted],
             )
-            if self._epoch != epoch and self._check_identities([k for k, _ in wanted]):
+            if self.own.connections != epoch and self._check_identities([k for k, _ in wanted]):
                 return [None] * len(wanted)  # a new connection reached a changed database
             with self._lock:
                 for (known, count), mark, high, last in zip(wanted, marks, highs, lasts,
@@ -677,7 +659,7 @@ class TicketServer:
         that changed is checked (and healed or refused) alone. Whether any changed."""
         lives = self._many(self._identities, [k.table for k in knowns])
         changed = False
-        epoch, now = self._epoch, time.monotonic()
+        epoch, now = self.own.connections, time.monotonic()
         for known in knowns:
             live = lives.get(known.table)
             if live is not None and known.identity is not None and live.same(known.identity):
@@ -906,11 +888,6 @@ class TicketServer:
 
     def close(self) -> None:
         """Close the server's connections (a later call opens new ones)."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn, cursor in idle:
-            _close_quietly(cursor)
-            conn.close()
         self.own.dispose()
 
     dispose = deprecated_alias(close, "dispose")
@@ -960,7 +937,7 @@ class TicketServer:
         Returns whether there was one (healed: the sequence moved)."""
         table = known.table
         live: Identity | None = self._round_trip(self._identity, table)
-        epoch = self._epoch
+        epoch = self.own.connections
         if live is None:
             return False  # no table: the take says so
         rewound = False
@@ -1286,84 +1263,19 @@ class TicketServer:
             )
         return int(start(cursor, self.engine.dialect, table))
 
-    def _round_trip(
-        self, work: Any, table: TicketTable, *args: Any, moved_before: bool = False
-    ) -> Any:
-        """Run ``work(cursor, table, *args)`` on a kept connection, bounded by the timeout."""
+    def _round_trip(self, work: Any, table: TicketTable, *args: Any) -> Any:
+        """``work(cursor, table, *args)``: one bounded round trip through the pool
+        (:meth:`OwnEngine.round_trip`: a connection found closed costs nothing but the
+        attempt that found it), the database's refusals in the library's terms."""
         with self._lock:
             self._round_trips += 1
-            held = self._idle.pop() if self._idle else None
-        if held is None:
-            with self._lock:
-                self._epoch += 1
-            conn = self.own.raw_connection()
-            try:
-                cursor = conn.cursor()
-            except self.engine.dialect.loaded_dbapi.Error as error:
-                conn.invalidate(error)
-                raise self.own.unavailable(error) from error
-        else:
-            conn, cursor = held
-        token = self.own.arm(conn.dbapi_connection)
         try:
-            for attempt in range(1, _CONFLICT_RETRIES + 1):
-                try:
-                    result = work(cursor, table, *args)
-                    break
-                except self.engine.dialect.loaded_dbapi.Error as error:
-                    # A write that lost a certification (Galera) or a deadlock was rolled
-                    # back whole: it issued nothing, and the same statement may run again.
-                    if attempt == _CONFLICT_RETRIES or not self.backend.is_conflict(error):
-                        raise
-                    logger.debug("%s: %s conflicted (%s); again", self, table.label, error)
-                    # Apart from the writer it lost to, which is still at it; the watchdog
-                    # bounds the whole round trip, retries included.
-                    time.sleep(random.uniform(0, min(0.05, 0.0005 * 2**attempt)))
+            return self.own.round_trip(lambda cursor: work(cursor, table, *args))
         except self.engine.dialect.loaded_dbapi.Error as error:
-            in_time = self.own.disarm(token)
-            if in_time and self.backend.is_moved(error) and not moved_before:
-                # The database was replaced under this connection (a file restored): on a new
-                # one, whose first block checks the identity again.
-                _close_quietly(cursor)
-                conn.invalidate(error)
-                with self._lock:
-                    idle, self._idle = self._idle, []
-                for other, other_cursor in idle:  # on the old file too
-                    _close_quietly(other_cursor)
-                    other.invalidate()
-                self.own.dispose()  # and those in the pool
-                return self._round_trip(work, table, *args, moved_before=True)
-            if in_time and self.backend.is_missing_table(error):
-                self._keep(conn, cursor)
+            if self.backend.is_missing_table(error):
                 raise UnknownSequenceError(
                     f"no ticket table {table.name} for sequence {table.label} on {self}; "
                     f"create it with `sqlalchemy-tickets init --url URL "
                     f"{table.sequence or ''}` or op.create_ticket_table()"
                 ) from error
-            _close_quietly(cursor)
-            conn.invalidate(error)
-            dbapi = self.engine.dialect.loaded_dbapi
-            if not in_time or isinstance(error, (dbapi.OperationalError, dbapi.InterfaceError)):
-                raise self.own.unavailable(error, cut=not in_time) from error
             raise TicketsError(f"ticket server {self} rejected {table.label}: {error}") from error
-        except BaseException:
-            self.own.disarm(token)
-            _close_quietly(cursor)
-            conn.invalidate()
-            raise
-        if self.own.disarm(token):
-            self._keep(conn, cursor)
-        else:
-            # The answer came as the deadline passed: the socket is being cut, never reuse it.
-            _close_quietly(cursor)
-            conn.invalidate()
-        return result
-
-    def _keep(self, conn: Any, cursor: Any) -> None:
-        with self._lock:
-            if len(self._idle) < self.pool_size:
-                self._idle.append((conn, cursor))
-                return
-        _close_quietly(cursor)
-        conn.close()
-
