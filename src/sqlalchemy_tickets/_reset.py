@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from ._naming import ticket_table
+from ._naming import STAMP_TABLE, ticket_table
 from .columns import TicketId
 from .dialects._connect import engine_of
 from .dialects.base import TableSpec
@@ -61,9 +61,11 @@ def drop_ticket_tables(
     dropped = []
     try:
         with server.own.connect() as conn:
+            stamps = STAMP_TABLE in server.backend.existing_tables(conn, [STAMP_TABLE])
             for sequence, bits in sorted(wanted, key=lambda key: (key[0] or "", key[1])):
                 tickets = ticket_table(sequence, bits, server.table_template)
-                for statement in server.backend.drop_statements(TableSpec(tickets)):
+                for statement in server.backend.drop_statements(TableSpec(tickets),
+                                                                stamps=stamps):
                     conn.execute(statement)
                 dropped.append(tickets.name)
     finally:

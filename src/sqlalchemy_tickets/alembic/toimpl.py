@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from alembic.operations import Operations
 
-from .._naming import tier_tables
+from .._naming import STAMP_TABLE, tier_tables
 from .ops import (
     CreateDatacenterTablesOp,
     CreateTicketTableOp,
@@ -101,7 +101,10 @@ def _create_ticket_tables(operations: Operations, specs: Sequence[TableSpec]) ->
     # Build every statement before running any: a spec the backend refuses (e.g. a stride on a
     # Flickr table where the server cannot supply one) fails with nothing written.
     statements = {spec.table.name: backend.create_statements(spec) for spec in specs}
+    # The stamp table goes with the ticket tables: the application's role, which may not
+    # create tables, records their identities there (rewinds, docs/rewinds.md).
     if operations.get_context().as_sql:
+        _emit_all(operations, backend.stamp_statements())
         for spec in specs:
             _offline_stride_note(operations, backend, spec)
             _emit_all(operations, statements[spec.table.name])
@@ -109,7 +112,9 @@ def _create_ticket_tables(operations: Operations, specs: Sequence[TableSpec]) ->
     bind = operations.get_bind()
     for spec in specs:
         backend.check_create(bind, spec)
-    existing = backend.existing_tables(bind, list(statements))
+    existing = backend.existing_tables(bind, [*statements, STAMP_TABLE])
+    if STAMP_TABLE not in existing:
+        _emit_all(operations, backend.stamp_statements())
     missing = [spec for spec in specs if spec.table.name not in existing]
     if bind.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
         for spec in missing:
@@ -144,7 +149,8 @@ def drop_ticket_table(operations: Operations, operation: DropTicketTableOp) -> N
     from ..dialects.base import TableSpec
 
     backend = _backend(operations)
-    _emit_all(operations, backend.drop_statements(TableSpec(operation.ticket_table)))
+    _emit_all(operations, backend.drop_statements(
+        TableSpec(operation.ticket_table), stamps=_has_stamps(operations, backend)))
 
 
 @Operations.implementation_for(DropTicketTablesOp)
@@ -153,7 +159,15 @@ def drop_ticket_tables(operations: Operations, operation: DropTicketTablesOp) ->
 
     backend = _backend(operations)
     specs = [TableSpec(table) for table in operation.ticket_tables]
-    _emit_all(operations, backend.drop_statements(*specs))
+    _emit_all(operations, backend.drop_statements(
+        *specs, stamps=_has_stamps(operations, backend)))
+
+
+def _has_stamps(operations: Operations, backend: TicketBackend) -> bool:
+    """Whether the database has the stamp table (offline: it is made with the ticket tables)."""
+    if operations.get_context().as_sql:
+        return True
+    return STAMP_TABLE in backend.existing_tables(operations.get_bind(), [STAMP_TABLE])
 
 
 @Operations.implementation_for(SyncTicketSequenceOp)

@@ -500,21 +500,29 @@ class TicketBackend:
             statements.append(self.insert_seed(table, row))
         return statements
 
-    def drop_statements(self, *specs: TableSpec) -> list[sa.sql.Executable]:
-        """DDL dropping ticket tables, and forgetting their recorded identities: a table
-        dropped on purpose and made again later is a new sequence, not a rewind."""
-        stamps = self.stamp_table()
+    def stamp_statements(self) -> list[sa.sql.Executable]:
+        """DDL creating the stamp table (:meth:`stamp_table`), safe to run when it exists: made
+        with the ticket tables, by every path that makes them, so that at run time a role
+        with only SELECT, INSERT, UPDATE and DELETE keeps every guard against rewinds."""
+        return [sa.schema.CreateTable(self.stamp_table(), if_not_exists=True)]
+
+    def drop_statements(self, *specs: TableSpec, stamps: bool = True) -> list[sa.sql.Executable]:
+        """DDL dropping ticket tables, and forgetting their recorded identities (``stamps``:
+        the stamp table is there): a table dropped on purpose and made again later is a new
+        sequence, not a rewind."""
         statements: list[sa.sql.Executable] = [
             sa.schema.DropTable(self.table(spec), if_exists=True) for spec in specs
         ]
-        if not specs:
+        if not specs or not stamps:
             return statements
-        statements.append(sa.schema.CreateTable(stamps, if_not_exists=True))
+        stamps_t = self.stamp_table()
         names = [spec.table.name for spec in specs]
         for at in range(0, len(names), _NAMES_PER_STATEMENT):
             chunk = names[at : at + _NAMES_PER_STATEMENT]
-            which = stamps.c.name == chunk[0] if len(chunk) == 1 else stamps.c.name.in_(chunk)
-            statements.append(sa.delete(stamps).where(which))
+            which = (
+                stamps_t.c.name == chunk[0] if len(chunk) == 1 else stamps_t.c.name.in_(chunk)
+            )
+            statements.append(sa.delete(stamps_t).where(which))
         return statements
 
     def stride_of(self, t: sa.Table) -> tuple[sa.ColumnElement[int], sa.ColumnElement[int]]:
@@ -618,17 +626,13 @@ class TicketBackend:
         )
 
     def read_stamp(self, connection: sa.Connection, table: TicketTable) -> Identity | None:
-        """The identity recorded for ``table`` (``None``: none recorded, or no stamp table)."""
+        """The identity recorded for ``table`` (``None``: none recorded). Without a stamp table
+        the database's error propagates (:meth:`is_missing_table` says so)."""
         t = self.stamp_table()
-        try:
-            row = connection.execute(
-                sa.select(t.c.stamp, t.c.synchronous).where(t.c.name == table.name)
-            ).first()
-        except sa.exc.DBAPIError as error:
-            if error.orig is not None and self.is_missing_table(error.orig):
-                return None
-            raise
-        return None if row is None else Identity.from_stamp(row[0], bool(row[1]))
+        row = connection.execute(
+            sa.select(t.c.stamp, t.c.synchronous).where(t.c.name == table.name)
+        ).first()
+        return None if row is None or not row[0] else Identity.from_stamp(row[0], bool(row[1]))
 
     def record_stamp(
         self,
@@ -637,9 +641,9 @@ class TicketBackend:
         identity: Identity,
         last_id: int | None,
     ) -> None:
-        """Record ``identity`` as ``table``'s (creating the stamp table if need be)."""
+        """Record ``identity`` as ``table``'s (in the stamp table, which must exist: nothing is
+        created at run time where a migration made the tables)."""
         t = self.stamp_table()
-        connection.execute(sa.schema.CreateTable(t, if_not_exists=True))
         values = {
             "stamp": identity.stamp,
             "synchronous": int(identity.synchronous),
@@ -711,7 +715,7 @@ class TicketBackend:
         table, where the tier records its identity and its upstream lanes' marks."""
         return [
             *(sa.schema.CreateTable(t, if_not_exists=True) for t in self.tier_tables(names)),
-            sa.schema.CreateTable(self.stamp_table(), if_not_exists=True),
+            *self.stamp_statements(),
         ]
 
     def drop_tier_statements(self, names: TierTables) -> list[sa.sql.Executable]:
@@ -882,6 +886,10 @@ class TicketBackend:
         """Whether a DBAPI error says the ticket table does not exist."""
         raise NotImplementedError
 
+    def is_denied(self, error: BaseException) -> bool:
+        """Whether a DBAPI error says the role may not do this (create a table, say)."""
+        return False
+
     # -- many tables at once (first contact of thousands of sequences) -------------------
 
     def describe_many(
@@ -934,22 +942,19 @@ class TicketBackend:
     def read_stamps(
         self, connection: sa.Connection, tables: Sequence[TicketTable]
     ) -> dict[str, Identity]:
-        """The identities recorded for ``tables``, by table name (one read per few hundred)."""
+        """The identities recorded for ``tables``, by table name (one read per few hundred).
+        Without a stamp table the database's error propagates."""
         t = self.stamp_table()
         found: dict[str, Identity] = {}
         names = sorted({table.name for table in tables})
-        try:
-            for start in range(0, len(names), MANY):
-                rows = connection.execute(
-                    sa.select(t.c.name, t.c.stamp, t.c.synchronous)
-                    .where(t.c.name.in_(names[start : start + MANY]))
-                ).all()
-                for name, stamp, synchronous in rows:
+        for start in range(0, len(names), MANY):
+            rows = connection.execute(
+                sa.select(t.c.name, t.c.stamp, t.c.synchronous)
+                .where(t.c.name.in_(names[start : start + MANY]))
+            ).all()
+            for name, stamp, synchronous in rows:
+                if stamp:
                     found[name] = Identity.from_stamp(stamp, bool(synchronous))
-        except sa.exc.DBAPIError as error:
-            if error.orig is not None and self.is_missing_table(error.orig):
-                return {}
-            raise
         return found
 
     def record_stamps(
@@ -962,7 +967,6 @@ class TicketBackend:
         if not stamps:
             return
         t = self.stamp_table()
-        connection.execute(sa.schema.CreateTable(t, if_not_exists=True))
         rows = [
             {"k_name": table.name, "v_stamp": identity.stamp,
              "v_synchronous": int(identity.synchronous), "v_last": last_id}

@@ -389,6 +389,10 @@ class MySQLBackend(TicketBackend):
     def is_missing_table(self, error: BaseException) -> bool:
         return _error_code(error) == _NO_SUCH_TABLE
 
+    def is_denied(self, error: BaseException) -> bool:
+        # 1044: no access to the database; 1142: command denied on a table (CREATE, say).
+        return _error_code(error) in (1044, 1142)
+
     may_be_clustered = True
 
     def cluster(self, cursor: Any) -> str | None:

@@ -279,6 +279,10 @@ class PostgreSQLBackend(ReturningBackend):
         code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
         return code == "42P01"
 
+    def is_denied(self, error: BaseException) -> bool:
+        code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        return code == "42501"  # insufficient_privilege
+
 
 def _connect_timeout(seconds: float) -> int:
     # libpq counts whole seconds and treats anything under 2 as 2.

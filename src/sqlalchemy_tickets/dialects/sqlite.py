@@ -185,3 +185,7 @@ class SQLiteBackend(ReturningBackend):
 
     def is_missing_table(self, error: BaseException) -> bool:
         return isinstance(error, sqlite3.OperationalError) and "no such table" in str(error)
+
+    def is_denied(self, error: BaseException) -> bool:
+        # A file (or directory) the process may read but not write.
+        return isinstance(error, sqlite3.OperationalError) and "readonly" in str(error)

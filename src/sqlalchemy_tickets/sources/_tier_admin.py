@@ -12,7 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
-from .._naming import DEFAULT_TIER_PREFIX, TicketTable, TierTables, tier_tables
+from .._naming import DEFAULT_TIER_PREFIX, STAMP_TABLE, TicketTable, TierTables, tier_tables
 from ..dialects._clock import db_now_ms
 from ..dialects._connect import Bind, OwnEngine, create_under_lock
 from ..dialects.base import TicketBackend
@@ -88,7 +88,11 @@ def create_tables(own: OwnEngine, names: TierTables) -> None:
     creation lock: concurrent creators wait for each other."""
     # The creation lock is keyed by a table name: the state table's stands for both.
     lock = [TicketTable(None, 64, names.state)]
-    create_under_lock(own, lock, lambda conn: own.backend.tier_statements(names))
+    wanted = [names.stock, names.state, STAMP_TABLE]
+    # Nothing is sent where the tables exist: a role without the CREATE right is refused
+    # even CREATE TABLE IF NOT EXISTS (a migration made them; this is its application).
+    if set(wanted) - own.run(lambda conn: own.backend.existing_tables(conn, wanted)):
+        create_under_lock(own, lock, lambda conn: own.backend.tier_statements(names))
     _, state = own.backend.tier_tables(names)
     if not has_columns(own, state):
 
@@ -117,8 +121,7 @@ def has_columns(own: OwnEngine, table: sa.Table) -> bool:
     """Whether ``table`` has every column it should (one read of none of its rows: cheaper
     than the catalog's description on every process's first use)."""
     try:
-        with own.connect() as conn:
-            conn.execute(sa.select(*table.c).where(sa.false())).all()
+        own.run(lambda conn: conn.execute(sa.select(*table.c).where(sa.false())).all())
     except sa_exc.DBAPIError:
         return False
     return True

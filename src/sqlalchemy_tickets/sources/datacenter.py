@@ -116,6 +116,7 @@ from . import _rewind
 from ._refill import Refiller
 from ._rewind import RewindPolicy
 from ._sizing import Sizing, runway
+from ._stamps import Stamps
 from ._tier_admin import (
     TierStatus,
     create_datacenter_tables,
@@ -311,6 +312,10 @@ class DatacenterTier:
         self.workers = workers
         self.sizing = Sizing(self.supply, self.window, min_block, max_block)
         self.store = TierStore(self.backend, self.names)
+        #: The identities and marks recorded in the tier's database (its stamp table).
+        self.stamps = Stamps(self.own, create=create_missing, command=(
+            f"`sqlalchemy-tickets init --url {self.url.render_as_string(hide_password=True)} "
+            "--datacenter-tier` (or op.create_datacenter_tables() in a migration)"))
         self._reset_state()
         # A new connection may reach another database (a failover behind the same name).
         sa.event.listen(self.own.engine, "connect", self._connected)
@@ -976,7 +981,13 @@ class DatacenterTier:
 
         try:
             checked = self._run(check)
-        except (MissingTables, sa_exc.DBAPIError, DatabaseUnavailable) as error:
+        except MissingTables as error:
+            # The tables are not there yet, or the stamp table is missing: made now (check
+            # again next time), or out of this client's reach (reported once).
+            self.stamps.out_of_reach(error.__cause__ or error)
+            logger.debug("%s: identity check failed: %s", self, error.__cause__)
+            return
+        except (sa_exc.DBAPIError, DatabaseUnavailable) as error:
             logger.debug("%s: identity check failed: %s", self, error)
             return
         if checked is None:

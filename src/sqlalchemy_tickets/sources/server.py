@@ -20,6 +20,7 @@ from .. import _process
 from .._deprecation import deprecated_alias
 from .._naming import (
     DEFAULT_TABLE_TEMPLATE,
+    STAMP_TABLE,
     TicketTable,
     check_bits,
     check_seconds,
@@ -40,6 +41,7 @@ from ..errors import (
 )
 from . import _rewind
 from ._rewind import DEFAULT_REWIND_MARGIN, RewindPolicy
+from ._stamps import Stamps, create_stamp_table
 from .base import Request, check_count, check_ids
 
 logger = logging.getLogger("sqlalchemy_tickets")
@@ -307,7 +309,10 @@ class TicketServer:
         self._high: dict[TicketTable, _Mark] = {}
         self._rewinds = 0
         self._marks = _MarkGate()
-        self._stamps = True  # False once the stamp table proved out of reach
+        #: The identities recorded in the database (its stamp table).
+        self.stamps = Stamps(self.own, create=self.create_missing, command=(
+            f"`sqlalchemy-tickets init --url {self.url.render_as_string(hide_password=True)}` "
+            "(or op.create_ticket_table() in a migration)"))
 
     def __repr__(self) -> str:
         return f"TicketServer({self.url.render_as_string()!r})"
@@ -552,12 +557,8 @@ class TicketServer:
         recorded: dict[str, Identity] = {}
         new: dict[TicketTable, tuple[Identity, int | None]] = {}
         first_error: TicketsError | None = None
-        if self._stamps and present:
-            try:
-                with self.own.connect() as conn:
-                    recorded = self.backend.read_stamps(conn, present)
-            except sa_exc.DBAPIError as error:
-                self._stamps_out_of_reach(error)
+        if present:
+            recorded = self.stamps.read_many(present)
         alone: list[tuple[str | None, TicketTable]] = []
         ready: list[tuple[str | None, _Known]] = []
         for sequence, table in items:
@@ -577,18 +578,14 @@ class TicketServer:
             if stored is not None and not live.same(stored):
                 alone.append((sequence, table))  # changed since recorded: a rewind to judge
                 continue
-            if stored is None and self._stamps:
+            if stored is None and self.stamps.kept:
                 new[table] = (live, info.last_id)
             known.identity, known.checked = live, time.monotonic()
             ready.append((sequence, known))
-        if new:
-            try:
-                with self.own.connect() as conn:
-                    self.backend.record_stamps(conn, new)
-            except sa_exc.IntegrityError:
-                pass  # recorded concurrently: the next check reads it
-            except sa_exc.DBAPIError as error:
-                self._stamps_out_of_reach(error)
+        try:
+            self.stamps.record_many(new)
+        except sa_exc.IntegrityError:
+            pass  # recorded concurrently: the next check reads it
         epoch = self.own.connections
         with self._lock:
             for sequence, known in ready:
@@ -687,7 +684,7 @@ class TicketServer:
         live: Identity | None = self._round_trip(self._identity, table)
         if live is not None:
             info = self._round_trip(self._describe, table)
-            self._record(table, live, info.last_id if info is not None else None, strict=True)
+            self.stamps.record(table, live, info.last_id if info is not None else None)
         return live
 
     def identities(self, sequence: str | None, *, bits: int = 64) -> tuple[
@@ -698,7 +695,7 @@ class TicketServer:
         failover that no process has seen yet."""
         table = ticket_table(sequence, check_bits(bits), self.table_template)
         live: Identity | None = self._round_trip(self._identity, table)
-        return self._stored_identity(table), live
+        return self.stamps.read(table), live
 
     # -- administration -----------------------------------------------------------------------
 
@@ -823,16 +820,22 @@ class TicketServer:
         # Built before anything runs: a table the backend refuses (Flickr's with a stride
         # where the server cannot supply one) fails with nothing written.
         statements = {spec.table.name: self.backend.create_statements(spec) for spec in specs}
+        def look(conn: sa.Connection) -> set[str]:
+            for spec in specs:
+                self.backend.check_create(conn, spec)
+            names = [spec.table.name for spec in specs]
+            return self.backend.existing_tables(conn, [*names, STAMP_TABLE])
+
         try:
-            with self.own.connect() as conn:
-                for spec in specs:
-                    self.backend.check_create(conn, spec)
-                existing = (
-                    set() if reseed
-                    else self.backend.existing_tables(conn, [spec.table.name for spec in specs])
-                )
+            existing = self.own.run(look)
         except sa_exc.DBAPIError as error:
             raise self.own.unavailable(error) from error
+        if STAMP_TABLE not in existing:
+            # Made with the ticket tables, so that clients with no right to create tables
+            # keep every guard against rewinds (``_stamps.py``).
+            create_stamp_table(self.own)
+        if reseed:
+            existing = set()
         pending = [spec for spec in specs if spec.table.name not in existing]
         created: list[str] = []
         size = min(_FIRST_BATCH, self.backend.create_batch)
@@ -944,13 +947,13 @@ class TicketServer:
         reference = known.identity
         if reference is None:
             # First contact: the recorded identity, or this one recorded (one connection).
-            reference = self._stored_or_recorded(table, live, known.info.last_id)
+            reference = self.stamps.stored_or_recorded(table, live, known.info.last_id)
         if reference is None:
             pass
         elif live.same(reference):
             pass
         elif known.identity is not None and live.same(
-            self._stored_identity(table) or known.identity
+            self.stamps.read(table) or known.identity
         ):
             # Changed since this process looked, but already vouched for in the database: by
             # an operator's sync, or by the process that healed it first. This process's own
@@ -959,7 +962,7 @@ class TicketServer:
         elif live.promoted_from(reference):
             logger.info("%s: %s is on %s now, after a failover to a synchronous standby (was "
                         "%s): no issued id was lost", self, table.label, live, reference)
-            self._record(table, live, None)
+            self.stamps.record(table, live, None)
         else:
             self._rewound(known, f"its identity changed from {reference} to {live} (restored "
                           "from a backup, or a replica promoted)", live=live)
@@ -1011,7 +1014,7 @@ class TicketServer:
             live = self._round_trip(self._identity, table)
         if live is not None:
             # Vouched for as it is now: other processes need not heal it again.
-            self._record(table, live, target)
+            self.stamps.record(table, live, target)
             known.identity = live
 
     def raise_above(self, table: TicketTable, floor: int) -> None:
@@ -1022,61 +1025,6 @@ class TicketServer:
                 conn.execute(self.backend.raise_floor_statement(t, floor))
         except sa_exc.DBAPIError as error:
             raise self.own.unavailable(error) from error
-
-    def _stored_or_recorded(
-        self, table: TicketTable, live: Identity, last_id: int | None
-    ) -> Identity | None:
-        """The identity recorded for ``table``; where none is, ``live`` is recorded (and
-        ``None`` returned)."""
-        if not self._stamps:
-            return None
-        try:
-            with self.own.connect() as conn:
-                stored = self.backend.read_stamp(conn, table)
-                if stored is None:
-                    self.backend.record_stamp(conn, table, live, last_id)
-                return stored
-        except sa_exc.IntegrityError:
-            return self._stored_identity(table)  # recorded concurrently: read it
-        except sa_exc.DBAPIError as error:
-            self._stamps_out_of_reach(error)
-            return None
-
-    def _stored_identity(self, table: TicketTable) -> Identity | None:
-        if not self._stamps:
-            return None
-        try:
-            with self.own.connect() as conn:
-                return self.backend.read_stamp(conn, table)
-        except sa_exc.DBAPIError as error:
-            self._stamps_out_of_reach(error)
-            return None
-
-    def _record(
-        self, table: TicketTable, live: Identity, last_id: int | None, *, strict: bool = False
-    ) -> None:
-        if not self._stamps and not strict:
-            return
-        for attempt in (1, 2):
-            try:
-                with self.own.connect() as conn:
-                    self.backend.record_stamp(conn, table, live, last_id)
-                return
-            except sa_exc.IntegrityError:
-                if attempt == 2:  # a concurrent creator of the stamp table won; once more
-                    raise
-            except sa_exc.DBAPIError as error:
-                if strict:
-                    raise self.own.unavailable(error) from error
-                self._stamps_out_of_reach(error)
-                return
-
-    def _stamps_out_of_reach(self, error: BaseException) -> None:
-        self._stamps = False
-        logger.warning(
-            "%s cannot keep identities in its stamp table (%s): a restore or a failover is "
-            "noticed only by processes that issued ids before it", self, error,
-        )
 
     def _check_paused(self, table: TicketTable, info: TableInfo) -> None:
         if info.offset == PAUSED_OFFSET:
