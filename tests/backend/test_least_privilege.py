@@ -226,7 +226,8 @@ def test_first_calls_of_many_threads_at_once_keep_the_guard(
         errors: list[BaseException] = []
 
         def first(sequence: str, server: TicketServer = server,
-                  barrier: threading.Barrier = barrier) -> None:
+                  barrier: threading.Barrier = barrier,
+                  errors: list[BaseException] = errors) -> None:
             barrier.wait(30)
             try:
                 server.next_id(sequence)
