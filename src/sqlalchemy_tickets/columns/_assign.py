@@ -8,10 +8,11 @@ lacks an id gets one, grouped so that one ``next_block`` serves every object of 
 INSERT, the ORM sends one plain executemany, and a retried flush reuses the same ids.
 
 The first time a type meets a table in a process (``unmet_floors``), the table's largest key is
-read on the flushing connection (one primary-key index lookup), after the ids are drawn, and the
-source is told that ids up to it are in use (``keep_above``); ids at or below it are drawn again:
-a table moved from auto-increment, or a ticket database restored from an older backup, never
-gets a key it already holds.
+read on a connection of the library's own (one primary-key index lookup, ``_floors.py``: never
+through the caller's connection or transaction), after the ids are drawn, and the source is told
+that ids up to it are in use (``keep_above``); ids at or below it are drawn again: a table moved
+from auto-increment, or a ticket database restored from an older backup, never gets a key it
+already holds.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -32,6 +33,8 @@ from sqlalchemy.util.concurrency import await_only, in_greenlet
 from ..errors import TicketsError
 
 EngineGetter = Callable[[], Engine]
+
+_T = TypeVar("_T")
 
 __all__ = ["AssignedIdType"]
 
@@ -80,26 +83,56 @@ def _core_default(type_: AssignedIdType) -> Callable[[Any], Any]:
     key = object()
 
     def default(context: Any) -> Any:
-        """One id per row; for an executemany, one block for all its rows."""
+        """One id per row; for an executemany or a multi-VALUES insert, one block for all its
+        rows."""
         connection: Connection = context.connection
 
         def engine() -> Engine:
             return connection.engine
 
-        columns = [context.current_column]
-        rows = len(context.compiled_parameters)
+        def draw(count: int) -> list[Any]:
+            ids, unchecked = _draw(type_, engine, count, columns)
+            if unchecked:
+                ids = _settle(type_, engine, ids, unchecked, connection.scalar)
+            return ids
+
+        statement = getattr(context.compiled, "statement", None)
+        if isinstance(statement, sa.Insert) and statement.select is not None:
+            raise TicketsError(
+                f"{context.current_column} has no value in an INSERT ... FROM SELECT, and a "
+                "default gives one value to the whole statement, not one per row: select the "
+                "rows and insert them with conn.execute(table.insert(), rows), or give the "
+                "column in the SELECT (ids from source.next_block(...))"
+            )
+        # A multi-VALUES insert asks once per row, the rows after the first through a stand-in
+        # of the column (SQLAlchemy's ``_multiparam_column``), which knows its ``original``.
+        column = getattr(context.current_column, "original", context.current_column)
+        columns = [column]
+        rows = _rows(context)
         if rows <= 1:
-            return _draw(type_, engine, 1, columns, connection.scalar)[0]
+            return draw(1)[0]
         pending: dict[object, Any] = context.__dict__.setdefault("_sqlalchemy_tickets", {})
         ids = pending.get(key)
         if ids is None:
-            ids = pending[key] = iter(_draw(type_, engine, rows, columns, connection.scalar))
+            ids = pending[key] = iter(draw(rows))
         try:
             return next(ids)
         except StopIteration:
-            return _draw(type_, engine, 1, columns, connection.scalar)[0]
+            return draw(1)[0]
 
     return default
+
+
+def _rows(context: Any) -> int:
+    """How many rows the statement of ``context`` inserts: those of an executemany, or of a
+    multi-VALUES insert (one parameter set whose values name each row's column: SQLAlchemy asks
+    the default once per row)."""
+    rows = len(context.compiled_parameters)
+    if rows == 1:
+        multi = getattr(getattr(context.compiled, "statement", None), "_multi_values", None)
+        if multi:
+            rows = sum(len(group) for group in multi)
+    return rows
 
 
 def _draw(
@@ -107,23 +140,42 @@ def _draw(
     engine: EngineGetter,
     count: int,
     columns: list[sa.Column[Any]],
-    read: Callable[[Any], Any],
-) -> list[Any]:
-    """``count`` new ids; the first time the type meets one of ``columns`` here, their largest
-    key is read with ``read`` (on the caller's connection, in the caller's context) and the
-    source told of it. The ids are drawn first: the read may begin the caller's transaction,
-    which behind a pooler holds a server connection that the source may need for its own."""
+) -> tuple[list[Any], list[sa.Column[Any]]]:
+    """``count`` new ids; and the columns among ``columns`` whose largest key must still be
+    read through the caller's connection, once the ids are given (an in-memory SQLite database,
+    which no other connection sees).
+
+    The first time the type meets one of ``columns`` here, their largest key is read on the
+    library's own connection to the application's database (``_floors.py``: never through the
+    caller's connection or transaction) and the source is told of it; ids at or below it are
+    drawn again (those are burned: keys the table holds, or below them)."""
     unmet = type_.unmet_floors(engine, columns)
     ids = _off_the_loop(type_.new_ids, engine, count)
     if not unmet:
-        return ids
+        return ids, []
+    from ._floors import largest_key  # the library's connections: only once a floor is due
+
+    floor = _off_the_loop(largest_key, engine(), unmet)
+    if floor is None:
+        return ids, unmet
+    return _off_the_loop(_keep_above, type_, engine, floor, unmet, ids), []
+
+
+def _settle(
+    type_: AssignedIdType,
+    engine: EngineGetter,
+    ids: list[Any],
+    columns: list[sa.Column[Any]],
+    read: Callable[[Any], Any],
+) -> list[Any]:
+    """:func:`_draw`'s check of ``columns`` read with ``read`` (the caller's connection, in its
+    context), after ``ids`` were given; the ids to keep (new ones if any was in use)."""
     floor = 0
-    for column in unmet:
+    for column in columns:
         value = read(sa.select(sa.func.max(column)))
         if isinstance(value, int) and value > floor:
             floor = value
-    return _off_the_loop(_keep_above, type_, engine, floor, unmet, ids)
-
+    return _off_the_loop(_keep_above, type_, engine, floor, columns, ids)
 
 def _keep_above(
     type_: AssignedIdType,
@@ -133,9 +185,8 @@ def _keep_above(
     ids: list[Any],
 ) -> list[Any]:
     """``ids`` if they are all above ``floor`` (the source is past the table's keys: nothing
-    to tell it, no round trip while the caller's transaction holds its connection); else the
-    source is told of ``floor`` and new ids are drawn (those are burned: keys the table holds,
-    or below them)."""
+    to tell it); else the source is told of ``floor`` and new ids are drawn (those are burned:
+    keys the table holds, or below them)."""
     if all(not isinstance(i, int) or i > floor for i in ids):
         type_.keep_above(engine, 0, columns)  # met: the table's keys are below the source
         return ids
@@ -213,17 +264,26 @@ def _assign_ids(session: Session, flush_context: UOWTransaction, instances: Any)
                 if column not in entry[3]:
                     entry[3].append(column)
     for type_, engine, targets, columns, mapper in groups.values():
+        new_ids, unchecked = _draw(type_, engine, len(targets), columns)
+        _give(targets, new_ids)
+        if not unchecked:
+            continue
 
         def read(statement: Any, mapper: Mapper[Any] = mapper) -> Any:
-            # On the flushing connection, in its transaction: no second connection (a pool of
-            # one, in-memory SQLite), and under AsyncSession in SQLAlchemy's greenlet.
+            # In-memory SQLite: on the flushing connection (no other one sees the database),
+            # in its transaction, now that the objects hold their ids.
             return session.connection(bind_arguments={"mapper": mapper}).scalar(statement)
 
-        new_ids = _draw(type_, engine, len(targets), columns, read)
-        for (values, key), new_id in zip(targets, new_ids, strict=True):
-            # Straight into the object's state: a pending object's INSERT is built from it,
-            # and no history is needed for a key that was never loaded.
-            values[key] = new_id
+        kept = _settle(type_, engine, new_ids, unchecked, read)
+        if kept is not new_ids:
+            _give(targets, kept)
+
+
+def _give(targets: list[tuple[Any, str]], ids: list[Any]) -> None:
+    for (values, key), new_id in zip(targets, ids, strict=True):
+        # Straight into the object's state: a pending object's INSERT is built from it, and no
+        # history is needed for a key that was never loaded.
+        values[key] = new_id
 
 
 def _engine_getter(session: Session, mapper: Mapper[Any]) -> EngineGetter:
@@ -262,7 +322,7 @@ def _refuse_sharded(session: Session, mapper: Mapper[Any]) -> None:
         )
 
 
-def _off_the_loop(fn: Callable[..., list[Any]], *args: Any) -> list[Any]:
+def _off_the_loop(fn: Callable[..., _T], *args: Any) -> _T:
     """Call ``fn``; under ``AsyncSession`` (a flush inside SQLAlchemy's greenlet), in a worker
     thread awaited by the event loop, so a ticket round trip never blocks the loop."""
     # Without greenlet loaded no AsyncSession can be flushing; and on SQLAlchemy 2.1 without

@@ -294,10 +294,13 @@ class OwnEngine:
             database"``).
         embedded: the ticket tables of an application's engine, where the embedded default
             keeps them (SQLite: a sibling file, reached from the URL alone).
+        weakly: hold the application's ``Engine`` weakly (always so when ``embedded``): for
+            an engine of the library's own kept per application engine, which must not keep
+            that engine alive.
         unavailable: the error raised when the database refuses, drops or does not answer.
 
-    The application's ``Engine`` is held strongly unless ``embedded`` (the embedded default is
-    keyed weakly by that engine, and must not keep it alive).
+    The application's ``Engine`` is held strongly unless ``embedded`` or ``weakly`` (the
+    embedded default is keyed weakly by that engine, and must not keep it alive).
     """
 
     def __init__(
@@ -309,6 +312,7 @@ class OwnEngine:
         max_overflow: int | None = None,
         what: str = "database",
         embedded: bool = False,
+        weakly: bool = False,
         unavailable: type[DatabaseUnavailable] = DatabaseUnavailable,
     ) -> None:
         self.timeout = check_seconds("timeout", timeout)
@@ -329,7 +333,7 @@ class OwnEngine:
         if self.inherits:
             assert app is not None
             _listen_for_inheritance(app)
-            self._app = weakref.ref(app) if embedded else (lambda app=app: app)
+            self._app = weakref.ref(app) if embedded or weakly else (lambda app=app: app)
         self._params = self.backend.own_connect_params(url.get_driver_name(), self.timeout)
         if self.driven:
             # The driver's own connect timeout, where it has one, may not cover the handshake.

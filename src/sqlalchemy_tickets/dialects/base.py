@@ -367,6 +367,12 @@ class TicketBackend:
         """Where the embedded default keeps the ticket tables of an application database."""
         return app_url
 
+    def seen_apart(self, app_url: URL) -> bool:
+        """Whether a connection of the library's own to the application's database sees what
+        the application's connections see (not an in-memory SQLite database: each connection
+        has its own)."""
+        return True
+
     def database_key(self, url: URL) -> Hashable:
         """What tells databases of this backend apart: two URLs with the same key name the
         same database, whatever their drivers, users or options."""

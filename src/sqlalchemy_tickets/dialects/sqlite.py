@@ -84,6 +84,9 @@ class SQLiteBackend(ReturningBackend):
             return app_url.set(database=":memory:", query={})
         return app_url.set(database=f"{app_url.database}{EMBEDDED_SUFFIX}")
 
+    def seen_apart(self, app_url: URL) -> bool:
+        return not _is_memory(app_url)
+
     def database_key(self, url: URL) -> Hashable:
         name = str(url.database or ":memory:")
         if _is_memory(url) or name.startswith("file:"):
