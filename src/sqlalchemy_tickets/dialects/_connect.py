@@ -258,6 +258,16 @@ class _Clock:
         return not self.cut
 
 
+def sync_bind(bind: Bind) -> Bind:
+    """The URL of an asyncio driver (``mysql+aiomysql``, ``postgresql+asyncpg``,
+    ``sqlite+aiosqlite``...) becomes the same database on its family's synchronous driver:
+    the library's round trips run on threads, never on an event loop. Engines go as given."""
+    if not isinstance(bind, (str, URL)):
+        return bind
+    url = to_url(bind)
+    return backend_for(url.get_backend_name()).sync_url(url)
+
+
 def engine_of(bind: object) -> Engine | None:
     """The ``Engine`` behind ``bind`` (an ``AsyncEngine``'s ``sync_engine``), or ``None`` for
     a URL."""

@@ -476,6 +476,14 @@ class TicketBackend:
             sa.UniqueConstraint("stub", name=f"{spec.table.name}_stub"),
         )
 
+    #: Whether Flickr's table starts without its row, made by the first client's
+    #: :meth:`start_flickr_row` (MySQL/MariaDB: as a legacy client's ``REPLACE INTO``).
+    flickr_row_from_client: ClassVar[bool] = False
+
+    def start_flickr_row(self, cursor: Any, dialect: Dialect, table: TicketTable) -> int:
+        """Create Flickr's one row the way a legacy client does; returns the id that issued."""
+        raise NotImplementedError
+
     def seed_row(self, spec: TableSpec) -> dict[str, Any] | None:
         """The row a new ticket table starts with (``id`` = the id before the first one)."""
         if spec.table.flickr:

@@ -154,6 +154,8 @@ class MySQLBackend(TicketBackend):
             mariadb_auto_increment=str(spec.first_id),
         )
 
+    flickr_row_from_client = True
+
     def seed_row(self, spec: TableSpec) -> dict[str, Any] | None:
         # Flickr's table starts empty: the first REPLACE INTO creates the row.
         return None if spec.table.flickr else super().seed_row(spec)
@@ -288,7 +290,6 @@ class MySQLBackend(TicketBackend):
         return None if row is None else TableInfo(int(row[1]), int(row[2]), int(row[0]))
 
     def start_flickr_row(self, cursor: Any, dialect: Dialect, table: TicketTable) -> int:
-        """Create Flickr's one row the way a legacy client does; returns the id that issued."""
         stmt = self.statement(dialect, table, "replace", _replace_into)
         stmt.execute(cursor)
         return int(cursor.lastrowid)

@@ -14,10 +14,9 @@ from sqlalchemy import exc as sa_exc
 
 from .._naming import DEFAULT_TIER_PREFIX, STAMP_TABLE, TicketTable, TierTables, tier_tables
 from ..dialects._clock import db_now_ms
-from ..dialects._connect import Bind, OwnEngine, create_under_lock
+from ..dialects._connect import Bind, OwnEngine, create_under_lock, sync_bind
 from ..dialects.base import TicketBackend
 from ..errors import UnknownSequenceError
-from .server import _sync_bind
 
 logger = logging.getLogger("sqlalchemy_tickets")
 
@@ -76,7 +75,7 @@ def create_datacenter_tables(
     ``timeout`` seconds), and beside running tiers.
     """
     names = tier_tables(table_prefix)
-    own = OwnEngine(_sync_bind(bind), timeout=timeout, pool_size=1, what="datacenter tier")
+    own = OwnEngine(sync_bind(bind), timeout=timeout, pool_size=1, what="datacenter tier")
     try:
         create_tables(own, names)
     finally:
@@ -170,7 +169,7 @@ def describe_datacenter(
     Raises :class:`UnknownSequenceError` if the tier's tables are not there, and
     :class:`DatabaseUnavailable` if the database does not answer.
     """
-    own = OwnEngine(_sync_bind(bind), timeout=timeout, pool_size=1, what="datacenter tier")
+    own = OwnEngine(sync_bind(bind), timeout=timeout, pool_size=1, what="datacenter tier")
     try:
         return describe(own, tier_tables(table_prefix))
     finally:

@@ -102,7 +102,7 @@ from .._naming import (
     normalize_sequence,
     tier_tables,
 )
-from ..dialects._connect import Bind, OwnEngine
+from ..dialects._connect import Bind, OwnEngine, sync_bind
 from ..dialects.base import Identity, TicketBackend
 from ..errors import (
     DatabaseUnavailable,
@@ -148,7 +148,6 @@ from .base import (
     ensure_above_in,
     prepare_in,
 )
-from .server import _sync_bind
 
 __all__ = [
     "DatacenterTier",
@@ -289,7 +288,7 @@ class DatacenterTier:
         self.names = tier_tables(table_prefix)
         #: The tier's own engine and bounded round trip.
         self.own = OwnEngine(
-            _sync_bind(bind),
+            sync_bind(bind),
             timeout=timeout,
             pool_size=pool_size,
             what="datacenter tier",

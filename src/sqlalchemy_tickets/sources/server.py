@@ -1,37 +1,33 @@
-"""One ticket database: every call is one round trip on the source's own autocommit connections."""
+"""One ticket database: every call is one round trip on the source's own autocommit connections.
+
+:class:`TicketServer` coordinates its collaborators, one concern each: the statements and the
+one pool they go through (``_ticket_db.py``), the high-water marks (``_marks.py``), the guard
+against rewinds and the stamps it records (``_server_guard.py``, ``_stamps.py``), first contact
+with a sequence (``_contacts.py``) and the tables it makes (``_ticket_ddl.py``).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-import weakref
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Sequence
 
-import sqlalchemy as sa
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Engine
 
 from .. import _process
 from .._deprecation import deprecated_alias
 from .._naming import (
     DEFAULT_TABLE_TEMPLATE,
-    STAMP_TABLE,
     TicketTable,
     check_bits,
     check_seconds,
-    check_stride,
     check_table_template,
-    normalize_sequence,
     ticket_table,
 )
-from ..dialects import TicketBackend, backend_for
-from ..dialects._connect import Bind, OwnEngine, create_under_lock, to_url
-from ..dialects.base import MANY, Identity, TableInfo, TableSpec
+from ..dialects import TicketBackend
+from ..dialects._connect import Bind, OwnEngine, sync_bind
+from ..dialects.base import Identity, TableInfo
 from ..errors import (
     ExhaustedError,
     StrideMismatchError,
@@ -40,40 +36,18 @@ from ..errors import (
     UnknownSequenceError,
 )
 from . import _rewind
+from ._contacts import PAUSED_OFFSET, FirstContact
+from ._marks import Marks
 from ._rewind import DEFAULT_REWIND_MARGIN, RewindPolicy
-from ._stamps import Stamps, create_stamp_table
+from ._server_guard import IdentityGuard, Known
+from ._stamps import Stamps
+from ._ticket_db import TicketDatabase
+from ._ticket_ddl import TableMaker
 from .base import Request, check_count, check_ids
 
+__all__ = ["PAUSED_OFFSET", "TicketServer"]
+
 logger = logging.getLogger("sqlalchemy_tickets")
-
-
-def _sync_bind(bind: Bind) -> Bind:
-    """The URL of an asyncio driver (``mysql+aiomysql``, ``postgresql+asyncpg``,
-    ``sqlite+aiosqlite``...) becomes the same database on its family's synchronous driver:
-    ticket round trips run on threads, never on an event loop. Engines go as given."""
-    if not isinstance(bind, (str, URL)):
-        return bind
-    url = to_url(bind)
-    return backend_for(url.get_backend_name()).sync_url(url)
-
-
-_servers: weakref.WeakSet[TicketServer] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    # A child must not share its parent's sockets; close=False leaves them to the parent.
-    for server in list(_servers):
-        server.own.dispose(close=False)
-        high = server._high
-        server._reset_state()
-        server._high = high  # the parent's marks hold in the child too
-
-
-_process.after_fork_in_child(_after_fork_in_child)
-
-
-#: The offset a restride gives a table while it pauses it: no position has it.
-PAUSED_OFFSET = 0
 
 #: Counts above this are checked against the sequence's bit width before anything else.
 _MAX_ID_32 = 2**31 - 1
@@ -85,121 +59,9 @@ PREPARE_BATCH = 1000
 #: few dozen keep each ticket row's lock short.
 TAKE_BATCH = 64
 
-_R = TypeVar("_R")
-
-#: Tables in the first batch of a creation; the next ones are sized from its pace.
-_FIRST_BATCH = 10
-#: The share of the timeout a batch of creations is sized to take.
-_BATCH_SHARE = 0.25
-
 #: Times a block is asked for again when the table changed between a take and its describe
 #: (seeded by its creator, restrided), before the server counts as unavailable.
 _MISS_RETRIES = 5
-
-
-class _Mark:
-    """What a server issued of one table in this process, for telling a rewind from ids it
-    gave back: the most recent blocks it kept, the highest id of older ones, and a floor it
-    was told (ids in use elsewhere). ``high`` is the highest of them: a block at or below it is
-    a rewind. Changed under the server's lock (give-backs and floors also under its gate)."""
-
-    __slots__ = ("floor", "recent", "settled", "high")
-
-    #: Blocks kept one by one; older ones only count by their highest id. A give-back takes
-    #: back the table's last ids, so it only ever reaches recent blocks.
-    KEPT = 64
-
-    def __init__(self) -> None:
-        self.floor = 0
-        self.recent: deque[range] = deque()
-        self.settled = 0
-        self.high = 0
-
-    def issued(self, block: range) -> None:
-        self.recent.append(block)
-        if len(self.recent) > self.KEPT:
-            self.settled = max(self.settled, self.recent.popleft()[-1])
-        if block[-1] > self.high:
-            self.high = block[-1]
-
-    def returned(self, ids: range) -> None:
-        """``ids`` were taken back: they are no longer this process's (the tail of one block,
-        or of several that follow on)."""
-        kept = deque(above_not_in(block, ids) for block in self.recent)
-        self.recent = deque(block for block in kept if block)
-        self.high = max(self.floor, self.settled, *(block[-1] for block in self.recent))
-
-    def raise_floor(self, floor: int) -> None:
-        self.floor = max(self.floor, floor)
-        self.high = max(self.high, floor)
-
-
-def above_not_in(block: range, ids: range) -> range:
-    """``block`` less the ids of ``ids`` at its end (a give-back takes back the table's last
-    ids, so it only ever cuts blocks from their end)."""
-    if not block or not ids or block[-1] < ids.start or block.step != ids.step or (
-        (block.start - ids.start) % ids.step
-    ):
-        return block
-    return block[: max(0, (ids.start - block.start + block.step - 1) // block.step)]
-
-
-class _MarkGate:
-    """Takes run together; what moves a high-water mark otherwise (a give-back lowers it, a
-    floor raises it) waits for the takes in flight and holds new ones back. A take compares
-    its block with the mark as it was when it started: a mark moved under it would make a
-    legitimate block look like a rewind, or a rewind look legitimate."""
-
-    def __init__(self) -> None:
-        self._changed = threading.Condition(threading.Lock())
-        self._takes = 0
-        self._movers = 0  # waiting or moving: new takes wait for them
-        self._moving = threading.Lock()  # one mover at a time
-
-    @contextlib.contextmanager
-    def taking(self) -> Iterator[None]:
-        with self._changed:
-            while self._movers:
-                self._changed.wait()
-            self._takes += 1
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._takes -= 1
-                if not self._takes:
-                    self._changed.notify_all()
-
-    @contextlib.contextmanager
-    def moving(self) -> Iterator[None]:
-        with self._changed:
-            self._movers += 1
-            try:
-                while self._takes:
-                    self._changed.wait()
-            except BaseException:
-                self._movers -= 1
-                self._changed.notify_all()
-                raise
-        try:
-            with self._moving:
-                yield
-        finally:
-            with self._changed:
-                self._movers -= 1
-                self._changed.notify_all()
-
-
-@dataclass(eq=False)
-class _Known:
-    """A table this server has seen, the stride it was last seen with, and its identity when
-    last checked (at ``checked`` on the clock, on the server's connection ``epoch``)."""
-
-    table: TicketTable
-    info: TableInfo
-    identity: Identity | None = None
-    checked: float = 0.0
-    epoch: int = 0
 
 
 class TicketServer:
@@ -258,9 +120,9 @@ class TicketServer:
         self.on_rewind: RewindPolicy = _rewind.check_policy(on_rewind)
         self.rewind_margin = _rewind.check_margin(rewind_margin)
         self.identity_interval = check_seconds("identity_interval", identity_interval)
-        #: The server's own engine and bounded round trip.
+        #: The server's own engine: the one pool every round trip goes through.
         self.own = OwnEngine(
-            _sync_bind(bind),
+            sync_bind(bind),
             timeout=timeout,
             pool_size=pool_size,
             what="ticket server",
@@ -277,42 +139,51 @@ class TicketServer:
         self._lane_template: str | None = None
         self.storage_engine = storage_engine
         self.pool_size = pool_size
-        #: Where a table this server creates on first use starts: above what its peers issued
+        #: Where tables this server creates on first use start: above what its peers issued
         #: (set by TicketServers), so a server added with an empty database cannot reissue ids.
-        self.start_above: Callable[[TicketTable], int] | None = None
+        self.start_above: Callable[[list[TicketTable]], dict[TicketTable, int]] | None = None
         #: Floors kept outside this database (set by TicketServers: what the other servers of
         #: the pair issued): a rewind is healed above the highest of them.
         self.floors: list[Callable[[TicketTable], int | None]] = []
-        #: The same for many tables at once (set by TicketServers: one round trip per peer).
-        self.start_above_many: Callable[[list[TicketTable]], dict[TicketTable, int]] | None = (
-            None
-        )
         #: Called with (table, target) after this server healed a rewind (set by
         #: TicketServers: the other servers move above it too, so the floor a later heal of
         #: this server reads is above the ids it issued since).
         self.after_heal: list[Callable[[TicketTable, int], None]] = []
         self.backend: TicketBackend = self.own.backend
         self.engine: Engine = self.own.engine
-        #: Whether the database takes transaction blocks (PgBouncer in statement pooling does not).
-        self._transactions = True
+        self.marks = Marks()
         self._reset_state()
-        _servers.add(self)
+        _process.track(self)
 
     def _reset_state(self) -> None:
         self._lock = threading.Lock()
         # Per caller spelling of (sequence, bits): the table and what is known of it, so the
         # hot path validates a name once, not per call.
-        self._known: dict[tuple[str | None, int], _Known] = {}
+        self._known: dict[tuple[str | None, int], Known] = {}
         self._issued = 0
-        self._round_trips = 0
-        # Per table, the highest id issued here or known to be in use: no block may reach it.
-        self._high: dict[TicketTable, _Mark] = {}
-        self._rewinds = 0
-        self._marks = _MarkGate()
+        self.db = TicketDatabase(self.own, lambda: repr(self))
         #: The identities recorded in the database (its stamp table).
         self.stamps = Stamps(self.own, create=self.create_missing, command=(
             f"`sqlalchemy-tickets init --url {self.url.render_as_string(hide_password=True)}` "
             "(or op.create_ticket_table() in a migration)"))
+        self.guard = IdentityGuard(
+            self.db, self.stamps, self.marks, policy=self.on_rewind, margin=self.rewind_margin,
+            floors=self._floors_outside, healed=self._healed,
+            url=self.url.render_as_string(hide_password=True),
+        )
+        self.maker = TableMaker(self.db, stride=self.stride, storage_engine=self.storage_engine,
+                                template=lambda: self.table_template)
+        self.contact = FirstContact(
+            self.guard, self.maker, stride=self.stride, create_missing=self.create_missing,
+            template=lambda: self.table_template, starts=self._starts,
+        )
+
+    def _after_fork_in_child(self) -> None:
+        # A child must not share its parent's sockets (close=False leaves them to the parent);
+        # the parent's marks hold in the child too: the ids it issued are issued.
+        self.own.dispose(close=False)
+        self.marks.after_fork()
+        self._reset_state()
 
     def __repr__(self) -> str:
         return f"TicketServer({self.url.render_as_string()!r})"
@@ -327,7 +198,7 @@ class TicketServer:
         if self._lane_template is None:
             template = self._template
             if self.stride is not None and self.backend.may_be_clustered:
-                cluster = self._round_trip(self._cluster, ticket_table("cluster"))
+                cluster = self.db.cluster()
                 if cluster:
                     increment, offset = self.stride
                     template = f"{template}__lane{offset}of{increment}"
@@ -335,6 +206,25 @@ class TicketServer:
                                 self, cluster, template)
             self._lane_template = template
         return self._lane_template
+
+    # -- what the pair around this server knows ---------------------------------------------
+
+    def _floors_outside(self, table: TicketTable) -> list[int]:
+        found = []
+        for floor in self.floors:
+            value = floor(table)
+            if value is not None:
+                found.append(value)
+        return found
+
+    def _healed(self, table: TicketTable, target: int) -> None:
+        for healed in self.after_heal:
+            healed(table, target)
+
+    def _starts(self, tables: list[TicketTable]) -> dict[TicketTable, int]:
+        """Where new tables start: above what the peers issued and above ids known in use."""
+        above = self.start_above(tables) if self.start_above is not None else {}
+        return {t: max(above.get(t, 0), self.marks.high(t)) + 1 for t in tables}
 
     # -- the source protocol ------------------------------------------------------------------
 
@@ -351,46 +241,45 @@ class TicketServer:
         known = self._known.get((sequence, bits))
         if known is None:
             known = self._first_contact(sequence, bits)
-        elif known.epoch != self.own.connections or (
-            not self.backend.identity_in_block_complete
-            and time.monotonic() - known.checked >= self.identity_interval
-        ):
-            self._check_identity(known)
+        elif self._due(known):
+            self.guard.check(known)
         table = known.table
-        with self._marks.taking():
+        with self.marks.gate.taking():
             for _ in range(_MISS_RETRIES):
                 # Read before the take: a block taken concurrently may land first and be
                 # higher. (Give-backs and new floors, which move the mark otherwise, wait
                 # for the takes in flight.)
-                mark = self._mark(table)
+                mark = self.marks.of(table)
                 high = mark.high
                 epoch = self.own.connections
                 block = self._take_block(known, count)
-                if self.own.connections != epoch and self._check_identity(known):
+                if self.own.connections != epoch and self.guard.check(known):
                     continue  # taken on a new connection, from a database that changed
                 if block.start > high:
-                    with self._lock:
+                    with self.marks.lock:
                         self._issued += count
                         mark.issued(block)
                     return block
                 # Ids at or below what this process issued: the database went back in time.
                 # The block is burned; the sequence moves above the floor, or RewindError.
-                self._rewound(known, f"it offered ids {block.start}..{block[-1]}, at or "
-                              f"below {high}, the highest id issued or known in use here")
+                self.guard.rewound(known, f"it offered ids {block.start}..{block[-1]}, at or "
+                                   f"below {high}, the highest id issued or known in use here",
+                                   high_seen=high)
         raise TicketServerUnavailable(
             f"{table.label} on {self} kept offering ids already issued; try again"
         )
 
-    def _mark(self, table: TicketTable) -> _Mark:
-        mark = self._high.get(table)
-        if mark is None:
-            with self._lock:
-                mark = self._high.setdefault(table, _Mark())
-        return mark
+    def _due(self, known: Known) -> bool:
+        """Whether ``known``'s identity is due a check before its next block: a new connection
+        since the last one, or (where the take cannot check it whole) the interval passed."""
+        return known.epoch != self.own.connections or (
+            not self.backend.identity_in_block_complete
+            and time.monotonic() - known.checked >= self.identity_interval
+        )
 
-    def _take_block(self, known: _Known, count: int) -> range:
+    def _take_block(self, known: Known, count: int) -> range:
         try:
-            last = self._round_trip(self._take, known.table, count, known.info, known.identity)
+            last = self.db.take(known.table, count, known.info, known.identity)
         except UnknownSequenceError:
             known.epoch = -1  # dropped: maybe restored, so check its identity when it is back
             raise
@@ -411,15 +300,15 @@ class TicketServer:
         if not ids or table.flickr:
             return 0
         known = self._known.get((sequence, bits))
-        info = known.info if known is not None else self._round_trip(self._describe, table)
+        info = known.info if known is not None else self.db.describe(table)
         if info is None or ids.step != info.increment or (ids.start - info.offset) % ids.step:
             return 0
-        with self._marks.moving():
-            if not self._round_trip(self._give_back, table, ids, info):
+        with self.marks.gate.moving():
+            if not self.db.give_back(table, ids, info):
                 return 0
-            with self._lock:
+            with self.marks.lock:
                 # They may come out again: below the mark, but not a rewind.
-                self._mark(table).returned(ids)
+                self.marks.of(table).returned(ids)
         logger.debug("%s took back %d ids of %s", self, len(ids), table.label)
         return len(ids)
 
@@ -433,14 +322,15 @@ class TicketServer:
         table = ticket_table(sequence, check_bits(bits), self.table_template)
         if type(floor) is not int or floor < 0:
             raise TicketsError(f"a floor is a number of ids >= 0, not {floor!r}")
-        with self._marks.moving():
-            self._mark(table).raise_floor(floor)
+        with self.marks.gate.moving():
+            with self.marks.lock:
+                self.marks.of(table).raise_floor(floor)
             known = self._known.get((sequence, bits)) or self._first_contact(sequence, bits)
-            info = self._round_trip(self._describe, table)
+            info = self.db.describe(table)
             if info is None or info.last_id is None or info.last_id + info.increment > floor:
                 return False
-            self._rewound(known, f"its next id ({info.last_id + info.increment}) is at or "
-                          f"below {floor}, an id already in use")
+            self.guard.rewound(known, f"the tables it serves already hold ids up to {floor} "
+                               f"(its next id was {info.last_id + info.increment})", in_use=True)
             return True
 
     # -- many sequences at once ----------------------------------------------------------------
@@ -459,7 +349,12 @@ class TicketServer:
                 todo[sequence] = ticket_table(sequence, bits, self.table_template)
         items = list(todo.items())
         for start in range(0, len(items), PREPARE_BATCH):
-            self._first_contact_many(items[start : start + PREPARE_BATCH], bits)
+            ready, error = self.contact.many(items[start : start + PREPARE_BATCH], bits)
+            with self._lock:
+                for sequence, known in ready:
+                    self._known[sequence, bits] = known
+            if error is not None:
+                raise error
 
     def next_blocks(self, requests: Sequence[Request]) -> list[range | TicketsError]:
         """:meth:`next_block` for each ``(sequence, count, bits)``: first contact with new
@@ -513,7 +408,7 @@ class TicketServer:
         """:meth:`give_back` of each ``(sequence, ids, bits)``, the compare-and-sets of a few
         dozen sequences in one round trip."""
         out = [0] * len(items)
-        wanted: list[tuple[int, _Known, range]] = []
+        wanted: list[tuple[int, Known, range]] = []
         for i, (sequence, ids, bits) in enumerate(items):
             check_ids(ids, bits)
             known = self._known.get((sequence, bits))
@@ -527,114 +422,29 @@ class TicketServer:
             wanted.append((i, known, ids))
         for start in range(0, len(wanted), TAKE_BATCH):
             part = wanted[start : start + TAKE_BATCH]
-            with self._marks.moving():
-                moved = self._round_trip(self._give_back_together, part[0][1].table,
-                                         [(k.table, ids, k.info) for _, k, ids in part])
-                with self._lock:
+            with self.marks.gate.moving():
+                moved = self.db.give_back_many([(k.table, ids, k.info) for _, k, ids in part])
+                with self.marks.lock:
                     for (i, known, ids), back in zip(part, moved, strict=True):
                         if back:
-                            self._mark(known.table).returned(ids)
+                            self.marks.of(known.table).returned(ids)
                             out[i] = len(ids)
         return out
 
-    def _first_contact_many(
-        self, items: list[tuple[str | None, TicketTable]], bits: int
-    ) -> None:
-        tables = [table for _, table in items]
-        lives = self._many(self._identities, tables)
-        missing = [t for t in tables if lives.get(t) is None]
-        if missing:
-            if not self.create_missing:
-                raise UnknownSequenceError(
-                    f"no ticket table {missing[0].name} for sequence {missing[0].label} on "
-                    f"{self} (and {len(missing) - 1} more); create them with "
-                    "`sqlalchemy-tickets init` or op.create_ticket_tables()"
-                )
-            self._create_many_on_first_use(missing)
-            lives.update(self._many(self._identities, missing))
-        present = [t for t in tables if lives.get(t) is not None]
-        infos = self._many(self._describe_many, present)
-        recorded: dict[str, Identity] = {}
-        new: dict[TicketTable, tuple[Identity, int | None]] = {}
-        first_error: TicketsError | None = None
-        if present:
-            recorded = self.stamps.read_many(present)
-        alone: list[tuple[str | None, TicketTable]] = []
-        ready: list[tuple[str | None, _Known]] = []
-        for sequence, table in items:
-            live, info = lives.get(table), infos.get(table)
-            if live is None or (info is None and not table.flickr):
-                alone.append((sequence, table))  # went away, or no row yet: the long way
-                continue
-            if info is None:
-                info = TableInfo(*(self.stride or (1, 1)), None)  # Flickr's, no row yet
-            try:
-                self._check_stride(table, info)
-            except TicketsError as error:
-                first_error = first_error or error
-                continue
-            known = _Known(table, info)
-            stored = recorded.get(table.name)
-            if stored is not None and not live.same(stored):
-                alone.append((sequence, table))  # changed since recorded: a rewind to judge
-                continue
-            if stored is None and self.stamps.kept:
-                new[table] = (live, info.last_id)
-            known.identity, known.checked = live, time.monotonic()
-            ready.append((sequence, known))
-        try:
-            self.stamps.record_many(new)
-        except sa_exc.IntegrityError:
-            pass  # recorded concurrently: the next check reads it
-        epoch = self.own.connections
-        with self._lock:
-            for sequence, known in ready:
-                known.epoch = epoch
-                self._known[sequence, bits] = known
-        for sequence, _ in alone:
-            try:
-                self._first_contact(sequence, bits)
-            except TicketsError as error:
-                first_error = first_error or error
-        if first_error is not None:
-            raise first_error
-
-    def _create_many_on_first_use(self, tables: list[TicketTable]) -> None:
-        """Create tables found missing on first contact, each above what its peers issued and
-        above ids known in use (as :meth:`_create_on_first_use` does for one)."""
-        starts: dict[TicketTable, int] = {}
-        above_peers = self.start_above_many(tables) if self.start_above_many else {}
-        for table in tables:
-            start = above_peers.get(table, 0) + 1
-            mark = self._high.get(table)
-            start = max(start, (mark.high if mark is not None else 0) + 1)
-            starts[table] = min(max(1, start), table.max_id)
-        increment, offset = self.stride or (1, 1)
-        specs = [TableSpec(t, starts[t], increment, offset, self.storage_engine) for t in tables]
-        self._create(specs)
-
-    def _take_together(self, wanted: list[tuple[_Known, int]]) -> list[range | None]:
+    def _take_together(self, wanted: list[tuple[Known, int]]) -> list[range | None]:
         """One transaction taking a block of each table (``None``: a table the plain take could
         not serve: its caller goes the long way)."""
-        for known, _ in wanted:
-            if known.epoch != self.own.connections or (
-                not self.backend.identity_in_block_complete
-                and time.monotonic() - known.checked >= self.identity_interval
-            ):
-                self._check_identities([k for k, _ in wanted])
-                break
+        if any(self._due(known) for known, _ in wanted):
+            self.guard.check_many([k for k, _ in wanted])
         out: list[range | None] = []
-        with self._marks.taking():
-            marks = [self._mark(known.table) for known, _ in wanted]
+        with self.marks.gate.taking():
+            marks = [self.marks.of(known.table) for known, _ in wanted]
             highs = [mark.high for mark in marks]
             epoch = self.own.connections
-            lasts: list[int | None] = self._round_trip(
-                self._take_many, wanted[0][0].table,
-                [(k.table, count, k.info, k.identity) for k, count in wanted],
-            )
-            if self.own.connections != epoch and self._check_identities([k for k, _ in wanted]):
+            lasts = self.db.take_many([(k.table, count, k.info, k.identity) for k, count in wanted])
+            if self.own.connections != epoch and self.guard.check_many([k for k, _ in wanted]):
                 return [None] * len(wanted)  # a new connection reached a changed database
-            with self._lock:
+            with self.marks.lock:
                 for (known, count), mark, high, last in zip(wanted, marks, highs, lasts,
                                                             strict=True):
                     if last is None:
@@ -651,39 +461,16 @@ class TicketServer:
                     out.append(block)
         return out
 
-    def _check_identities(self, knowns: list[_Known]) -> bool:
-        """Compare many tables' identities with those last seen, in one round trip; a table
-        that changed is checked (and healed or refused) alone. Whether any changed."""
-        lives = self._many(self._identities, [k.table for k in knowns])
-        changed = False
-        epoch, now = self.own.connections, time.monotonic()
-        for known in knowns:
-            live = lives.get(known.table)
-            if live is not None and known.identity is not None and live.same(known.identity):
-                known.checked, known.epoch = now, epoch
-            else:
-                changed = self._check_identity(known) or changed
-        return changed
-
-    def _check_stride(self, table: TicketTable, info: TableInfo) -> None:
-        self._check_paused(table, info)
-        if self.stride is not None and (info.increment, info.offset) != self.stride:
-            increment, offset = self.stride
-            raise StrideMismatchError(
-                f"{self} has increment={info.increment}, offset={info.offset} for "
-                f"{table.label}, but its position needs increment={increment}, "
-                f"offset={offset}; fix the server (or the order of the servers) before "
-                "issuing ids, or ids would be duplicated"
-            )
+    # -- identities (rewinds) -----------------------------------------------------------------
 
     def record_identity(self, sequence: str | None, *, bits: int = 64) -> Identity | None:
         """Record the table's identity as it is now (after an operator moved the sequence above
         every id in use: ``sqlalchemy-tickets sync``), so that processes that refused to issue
         (:class:`~sqlalchemy_tickets.RewindError`) resume. Returns it (``None``: no table)."""
         table = ticket_table(sequence, check_bits(bits), self.table_template)
-        live: Identity | None = self._round_trip(self._identity, table)
+        live = self.db.identity(table)
         if live is not None:
-            info = self._round_trip(self._describe, table)
+            info = self.db.describe(table)
             self.stamps.record(table, live, info.last_id if info is not None else None)
         return live
 
@@ -694,7 +481,7 @@ class TicketServer:
         database shows (``None`` where there is none). They differ after a restore or a
         failover that no process has seen yet."""
         table = ticket_table(sequence, check_bits(bits), self.table_template)
-        live: Identity | None = self._round_trip(self._identity, table)
+        live = self.db.identity(table)
         return self.stamps.read(table), live
 
     # -- administration -----------------------------------------------------------------------
@@ -707,9 +494,8 @@ class TicketServer:
         tables = [ticket_table(s, check_bits(bits), self.table_template) for s in sequences]
         if not tables:
             return []
-        lives = self._many(self._identities, tables)
-        present = [t for t in tables if lives.get(t) is not None]
-        infos = self._many(self._describe_many, present)
+        lives = self.db.identities(tables)
+        infos = self.db.describe_many([t for t in tables if lives.get(t) is not None])
         return [infos.get(t) for t in tables]
 
     def describe(self, sequence: str | None, *, bits: int = 64) -> TableInfo | None:
@@ -717,9 +503,7 @@ class TicketServer:
 
         Raises :class:`UnknownSequenceError` if the table does not exist.
         """
-        table = ticket_table(sequence, check_bits(bits), self.table_template)
-        info: TableInfo | None = self._round_trip(self._describe, table)
-        return info
+        return self.db.describe(ticket_table(sequence, check_bits(bits), self.table_template))
 
     def create(
         self,
@@ -783,111 +567,14 @@ class TicketServer:
                 another creator held a table's lock longer than ``timeout``; the tables of the
                 batches before it are created. Running it again finishes the job.
         """
-        return self._create(self._specs(sequences, bits, start, increment, offset))
-
-    def _specs(
-        self,
-        sequences: Iterable[str | None],
-        bits: int,
-        start: int,
-        increment: int | None,
-        offset: int | None,
-    ) -> list[TableSpec]:
-        """The tables of ``sequences``, one per name, every argument checked (no I/O but the
-        first ``table_template`` of a server with a stride)."""
-        if isinstance(sequences, (str, bytes)):
-            raise TicketsError(
-                f"sequences must be a list of names, not the string {sequences!r} "
-                "(create_tables([name]), or create(name))"
-            )
-        default_inc, default_off = self.stride or (1, 1)
-        inc = default_inc if increment is None else increment
-        off = default_off if offset is None else offset
-        check_stride(start, inc, off, check_bits(bits))
-        names = [normalize_sequence(sequence) for sequence in sequences]
-        specs: dict[str, TableSpec] = {}
-        for name in names:
-            table = ticket_table(name, bits, self.table_template)
-            specs.setdefault(table.name, TableSpec(table, start, inc, off, self.storage_engine))
-        return list(specs.values())
-
-    def _create(self, specs: list[TableSpec], *, reseed: bool = False) -> list[str]:
-        """Create the tables of ``specs`` that are missing, in batches; the names created.
-        ``reseed``: also seed those that exist (a reader found one without its row: on
-        MySQL/MariaDB, where DDL commits at once, its creator is half-way or died there)."""
-        if not specs:
-            return []
-        # Built before anything runs: a table the backend refuses (Flickr's with a stride
-        # where the server cannot supply one) fails with nothing written.
-        statements = {spec.table.name: self.backend.create_statements(spec) for spec in specs}
-        def look(conn: sa.Connection) -> set[str]:
-            for spec in specs:
-                self.backend.check_create(conn, spec)
-            names = [spec.table.name for spec in specs]
-            return self.backend.existing_tables(conn, [*names, STAMP_TABLE])
-
-        try:
-            existing = self.own.run(look)
-        except sa_exc.DBAPIError as error:
-            raise self.own.unavailable(error) from error
-        if STAMP_TABLE not in existing:
-            # Made with the ticket tables, so that clients with no right to create tables
-            # keep every guard against rewinds (``_stamps.py``).
-            create_stamp_table(self.own)
-        if reseed:
-            existing = set()
-        pending = [spec for spec in specs if spec.table.name not in existing]
-        created: list[str] = []
-        size = min(_FIRST_BATCH, self.backend.create_batch)
-        while pending:
-            batch, pending = pending[:size], pending[size:]
-            began = time.monotonic()
-            made = self._create_batch(batch, statements)
-            created += made
-            if not made:
-                continue  # another creator made them: its pace says nothing of ours
-            # While a batch runs, other creators of its tables (on SQLite, every writer of
-            # the file) wait for its locks, each for at most the timeout: the next batch is
-            # sized to take a share of it at this one's pace (per table made), at most twice
-            # as large as this one.
-            pace = max(time.monotonic() - began, 1e-6) / len(made)
-            size = max(1, min(self.backend.create_batch, 2 * len(batch),
-                              int(self.timeout * _BATCH_SHARE / pace)))
-        return created
-
-    def _create_batch(
-        self, batch: list[TableSpec], statements: dict[str, list[sa.sql.Executable]]
-    ) -> list[str]:
-        """Create and seed ``batch`` (``statements``: each table's) as one step under its
-        creation locks; the names of the tables that were not there once the locks were held."""
-        fresh: dict[str, None] = {}
-
-        def under_locks(conn: sa.Connection) -> list[sa.sql.Executable]:
-            # Another process may have created some since the first look. Their statements
-            # run all the same (they change nothing there), so that on MySQL/MariaDB a table
-            # whose creator was cut off before its seed gets it. Missing at any attempt: an
-            # attempt that failed statement by statement (no transaction) may have made some.
-            found = self.backend.existing_tables(conn, [spec.table.name for spec in batch])
-            fresh.update((spec.table.name, None) for spec in batch if spec.table.name not in found)
-            return [statement for spec in batch for statement in statements[spec.table.name]]
-
-        self._transactions = create_under_lock(
-            self.own, [spec.table for spec in batch], under_locks,
-            transactions=self._transactions,
-        )
-        names = list(fresh)
-        if len(names) == 1:
-            logger.info("created ticket table %s on %s", names[0], self)
-        elif names:
-            logger.info("created %d ticket tables on %s (%s ... %s)",
-                        len(names), self, names[0], names[-1])
-        return names
+        return self.maker.create(self.maker.specs(sequences, bits, start, increment, offset))
 
     def stats(self) -> dict[str, int]:
         """Ids issued, round trips made and rewinds seen by this object (all sequences)."""
-        with self._lock:
-            return {"issued": self._issued, "round_trips": self._round_trips,
-                    "rewinds": self._rewinds}
+        with self.marks.lock:
+            issued = self._issued
+        return {"issued": issued, "round_trips": self.db.round_trips,
+                "rewinds": self.guard.rewinds}
 
     def close(self) -> None:
         """Close the server's connections (a later call opens new ones)."""
@@ -896,153 +583,27 @@ class TicketServer:
     dispose = deprecated_alias(close, "dispose")
 
     def with_stride(self, increment: int, offset: int) -> TicketServer:
-        """A server on the same database that must have this stride (for :class:`TicketServers`)."""
+        """A server on the same database (the same pool) that must have this stride (for
+        :class:`TicketServers`)."""
         twin = object.__new__(TicketServer)
         twin.__dict__.update(self.__dict__)
         twin.stride = (increment, offset)
         twin._lane_template = None
+        twin.start_above, twin.floors, twin.after_heal = None, [], []
+        twin.marks = Marks()
         twin._reset_state()
-        _servers.add(twin)
+        _process.track(twin)
         return twin
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _first_contact(self, sequence: str | None, bits: int) -> _Known:
-        """Validate the name, read (or create) the table's stride, refuse one that disagrees."""
-        table = ticket_table(sequence, check_bits(bits), self.table_template)
-        try:
-            info = self._round_trip(self._describe, table)
-        except UnknownSequenceError:
-            if not self.create_missing:
-                raise
-            self._create_on_first_use(table)
-            info = self._round_trip(self._describe, table)
-        if info is None and not table.flickr and self.create_missing:
-            # A named table without its row: a creator that seeds outside the creation lock
-            # (or an emptied table). Seeding is idempotent; whoever seeds first wins.
-            self._create_on_first_use(table)
-            info = self._round_trip(self._describe, table)
-        if info is None:
-            # Flickr's table with no row yet; its stride comes from the server.
-            info = TableInfo(*(self.stride or (1, 1)), None)
-        self._check_stride(table, info)
-        known = _Known(table, info)
-        # Before the table is known here: a rewind with no floor to heal above raises, and
-        # the next call checks again (after an operator's sync, it passes).
-        self._check_identity(known)
+    def _first_contact(self, sequence: str | None, bits: int) -> Known:
+        known = self.contact.one(sequence, bits)
         with self._lock:
             self._known[sequence, bits] = known
         return known
 
-    def _check_identity(self, known: _Known) -> bool:
-        """Compare the table's identity with the one last seen (first contact: the one
-        recorded in the database); a change that may have lost issued ids is a rewind.
-        Returns whether there was one (healed: the sequence moved)."""
-        table = known.table
-        live: Identity | None = self._round_trip(self._identity, table)
-        epoch = self.own.connections
-        if live is None:
-            return False  # no table: the take says so
-        rewound = False
-        reference = known.identity
-        if reference is None:
-            # First contact: the recorded identity, or this one recorded (one connection).
-            reference = self.stamps.stored_or_recorded(table, live, known.info.last_id)
-        if reference is None:
-            pass
-        elif live.same(reference):
-            pass
-        elif known.identity is not None and live.same(
-            self.stamps.read(table) or known.identity
-        ):
-            # Changed since this process looked, but already vouched for in the database: by
-            # an operator's sync, or by the process that healed it first. This process's own
-            # high-water mark still guards what it issued.
-            logger.info("%s: %s is on %s now, as recorded since", self, table.label, live)
-        elif live.promoted_from(reference):
-            logger.info("%s: %s is on %s now, after a failover to a synchronous standby (was "
-                        "%s): no issued id was lost", self, table.label, live, reference)
-            self.stamps.record(table, live, None)
-        else:
-            self._rewound(known, f"its identity changed from {reference} to {live} (restored "
-                          "from a backup, or a replica promoted)", live=live)
-            rewound = True
-        known.identity = live
-        known.checked = time.monotonic()
-        known.epoch = epoch
-        return rewound
-
-    def _floors(self, table: TicketTable) -> list[int]:
-        """What is known to be issued or in use, from this process and outside the database."""
-        mark = self._high.get(table)
-        found = [mark.high] if mark is not None and mark.high else []
-        for floor in self.floors:
-            try:
-                value = floor(table)
-            except TicketsError as error:
-                logger.debug("a floor of %s is out of reach: %s", table.label, error)
-                continue
-            if value is not None:
-                found.append(value)
-        return found
-
-    def _rewound(self, known: _Known, seen: str, live: Identity | None = None) -> None:
-        """The database went back in time for ``known``: move the sequence above the highest
-        floor plus the margin (``on_rewind="heal"``), or raise :class:`RewindError`."""
-        table = known.table
-        floors = self._floors(table)
-        if self.on_rewind == "refuse" or not floors:
-            raise _rewind.refusal(repr(self), self.url.render_as_string(hide_password=True),
-                                  table, seen, floors)
-        floor = max(floors)
-        target = min(floor + self.rewind_margin * known.info.increment, table.max_id)
-        self.raise_above(table, target)
-        mark = self._mark(table)
-        with self._lock:
-            self._rewinds += 1
-        # The target, not the floor: the ids issued from here on are this process's too, and
-        # a second restore of the same backup must not be healed onto them again.
-        mark.raise_floor(target)
-        _rewind.counted(table)
-        for healed in self.after_heal:
-            healed(table, target)
-        logger.warning(
-            "%s: %s went back in time: %s; moved it above %d (the highest id known in use, "
-            "%d, plus a margin): no id is issued twice", self, table.label, seen, target, floor,
-        )
-        if live is None:
-            live = self._round_trip(self._identity, table)
-        if live is not None:
-            # Vouched for as it is now: other processes need not heal it again.
-            self.stamps.record(table, live, target)
-            known.identity = live
-
-    def raise_above(self, table: TicketTable, floor: int) -> None:
-        """Move ``table`` so its next id is above ``floor`` (never lowering): one statement."""
-        t = self.backend.table(TableSpec(table))
-        try:
-            with self.own.connect() as conn:
-                conn.execute(self.backend.raise_floor_statement(t, floor))
-        except sa_exc.DBAPIError as error:
-            raise self.own.unavailable(error) from error
-
-    def _check_paused(self, table: TicketTable, info: TableInfo) -> None:
-        if info.offset == PAUSED_OFFSET:
-            raise TicketServerUnavailable(
-                f"{table.label} on {self} is paused while its servers are restrided; "
-                "it issues ids again when the restride completes"
-            )
-
-    def _create_on_first_use(self, table: TicketTable) -> None:
-        # Above what the peers issued, and above ids known in use (a table's largest key told
-        # by ensure_above before the first block): a new table starts past them, no rewind.
-        start = self.start_above(table) + 1 if self.start_above is not None else 1
-        mark = self._high.get(table)
-        start = max(start, (mark.high if mark is not None else 0) + 1)
-        start = min(max(1, start), table.max_id)
-        self._create(self._specs([table.sequence], table.bits, start, None, None), reseed=True)
-
-    def _after_miss(self, known: _Known, count: int) -> tuple[TableInfo, int]:
+    def _after_miss(self, known: Known, count: int) -> tuple[TableInfo, int]:
         """The take advanced nothing: the stride changed, the row is missing (Flickr's before
         its first id; a named table's before its creator seeded it), the table changed between
         the take and now, or the sequence is exhausted. Returns the stride used and the block's
@@ -1050,12 +611,12 @@ class TicketServer:
         table = known.table
         for _ in range(_MISS_RETRIES):
             if known.identity is not None and self.backend.identity_in_block:
-                self._check_identity(known)  # the take refuses a table whose identity changed
-            info = self._round_trip(self._describe, table)
+                self.guard.check(known)  # the take refuses a table whose identity changed
+            info = self.db.describe(table)
             if info is not None and info.last_id is not None and not table.flickr:
                 old = known.info
                 if (info.increment, info.offset) != (old.increment, old.offset):
-                    self._check_paused(table, info)
+                    self.contact.check_paused(table, info)
                     self._accept_new_stride(known, info)
             stride = known.info
             if info is None or info.last_id is None:
@@ -1066,13 +627,13 @@ class TicketServer:
                         f"ticket table {table.name} on {self} has no row; recreate it with "
                         "`sqlalchemy-tickets init`"
                     )
-                self._create_on_first_use(table)
+                self.contact.create([table], reseed=True)
             else:
                 left = max(0, (table.max_id - info.last_id) // stride.increment)
                 if count > left:
                     raise self._exhausted(table, count, left)
             # The row is there now, with room: take again.
-            last = self._round_trip(self._take, table, count, stride)
+            last = self.db.take(table, count, stride)
             if last is not None:
                 return stride, int(last)
         raise TicketServerUnavailable(
@@ -1080,20 +641,20 @@ class TicketServer:
             "to take a block; try again"
         )
 
-    def _start_flickr(self, known: _Known, count: int) -> tuple[TableInfo, int]:
+    def _start_flickr(self, known: Known, count: int) -> tuple[TableInfo, int]:
         """Flickr's table has no row yet: make it as a legacy client does."""
         table, stride = known.table, known.info
-        first = int(self._round_trip(self._start_row, table))
+        first = self.db.start_flickr_row(table)
         if count == 1:
             return stride, first
         # The rest of the block follows on unless another client got in between.
-        last = self._round_trip(self._take, table, count - 1, stride)
+        last = self.db.take(table, count - 1, stride)
         if last is not None and last - (count - 1) * stride.increment == first:
             return stride, int(last)
-        last = self._round_trip(self._take, table, count, stride)
+        last = self.db.take(table, count, stride)
         if last is not None:
             return stride, int(last)
-        info = self._round_trip(self._describe, table)
+        info = self.db.describe(table)
         last_id = info.last_id if info is not None and info.last_id is not None else 0
         raise self._exhausted(table, count, max(0, (table.max_id - last_id) // stride.increment))
 
@@ -1105,7 +666,7 @@ class TicketServer:
             remaining=left,
         )
 
-    def _accept_new_stride(self, known: _Known, info: TableInfo) -> None:
+    def _accept_new_stride(self, known: Known, info: TableInfo) -> None:
         """A restride changed the table's stride while this process ran. The new stride is
         taken if this server kept its position (its offset); ``StrideMismatchError`` if not."""
         if self.stride is not None and info.offset != self.stride[1]:
@@ -1120,110 +681,3 @@ class TicketServer:
             known.info.increment, known.info.offset,
         )
         known.info = info
-
-    def _take(
-        self,
-        cursor: Any,
-        table: TicketTable,
-        count: int,
-        info: TableInfo,
-        identity: Identity | None = None,
-    ) -> int | None:
-        return self.backend.take_block(cursor, self.engine.dialect, table, count, info, identity)
-
-    def _identity(self, cursor: Any, table: TicketTable) -> Identity | None:
-        return self.backend.identity(cursor, self.engine.dialect, table)
-
-    def _many(
-        self,
-        read: Callable[[Any, TicketTable, list[TicketTable]], dict[TicketTable, _R]],
-        tables: list[TicketTable],
-    ) -> dict[TicketTable, _R]:
-        """``read`` of many tables, a few hundred per round trip (each bounded by the
-        timeout on its own)."""
-        found: dict[TicketTable, _R] = {}
-        for start in range(0, len(tables), MANY):
-            part = tables[start : start + MANY]
-            found.update(self._round_trip(read, part[0], part))
-        return found
-
-    def _identities(
-        self, cursor: Any, table: TicketTable, tables: list[TicketTable]
-    ) -> dict[TicketTable, Identity | None]:
-        return self.backend.identities(cursor, self.engine.dialect, tables)
-
-    def _describe_many(
-        self, cursor: Any, table: TicketTable, tables: list[TicketTable]
-    ) -> dict[TicketTable, TableInfo | None]:
-        return self.backend.describe_many(cursor, self.engine.dialect, tables)
-
-    def _together(self, cursor: Any, work: Callable[[], list[_R]]) -> list[_R]:
-        """``work()`` in one transaction on ``cursor`` (where the server takes transaction
-        blocks): many small writes, one commit."""
-        if not self._transactions:
-            return work()
-        cursor.execute("BEGIN")
-        try:
-            found = work()
-        except BaseException:
-            with contextlib.suppress(Exception):  # the connection is discarded anyway
-                cursor.execute("ROLLBACK")
-            raise
-        cursor.execute("COMMIT")
-        return found
-
-    def _take_many(
-        self,
-        cursor: Any,
-        table: TicketTable,
-        wanted: list[tuple[TicketTable, int, TableInfo, Identity | None]],
-    ) -> list[int | None]:
-        dialect = self.engine.dialect
-        return self._together(cursor, lambda: [
-            self.backend.take_block(cursor, dialect, t, count, info, identity)
-            for t, count, info, identity in wanted
-        ])
-
-    def _give_back_together(
-        self, cursor: Any, table: TicketTable, wanted: list[tuple[TicketTable, range, TableInfo]]
-    ) -> list[bool]:
-        dialect = self.engine.dialect
-        return self._together(cursor, lambda: [
-            self.backend.give_back_block(cursor, dialect, t, ids, info)
-            for t, ids, info in wanted
-        ])
-
-    def _cluster(self, cursor: Any, table: TicketTable) -> str | None:
-        return self.backend.cluster(cursor)
-
-    def _give_back(self, cursor: Any, table: TicketTable, ids: range, info: TableInfo) -> bool:
-        return self.backend.give_back_block(cursor, self.engine.dialect, table, ids, info)
-
-    def _describe(self, cursor: Any, table: TicketTable) -> TableInfo | None:
-        return self.backend.describe(cursor, self.engine.dialect, table)
-
-    def _start_row(self, cursor: Any, table: TicketTable) -> int:
-        start = getattr(self.backend, "start_flickr_row", None)
-        if start is None:
-            raise UnknownSequenceError(
-                f"ticket table {table.name} on {self} has no row; recreate it with "
-                "`sqlalchemy-tickets init`"
-            )
-        return int(start(cursor, self.engine.dialect, table))
-
-    def _round_trip(self, work: Any, table: TicketTable, *args: Any) -> Any:
-        """``work(cursor, table, *args)``: one bounded round trip through the pool
-        (:meth:`OwnEngine.round_trip`: a connection found closed costs nothing but the
-        attempt that found it), the database's refusals in the library's terms."""
-        with self._lock:
-            self._round_trips += 1
-        try:
-            return self.own.round_trip(lambda cursor: work(cursor, table, *args))
-        except self.engine.dialect.loaded_dbapi.Error as error:
-            if self.backend.is_missing_table(error):
-                raise UnknownSequenceError(
-                    f"no ticket table {table.name} for sequence {table.label} on {self}; "
-                    f"create it with `sqlalchemy-tickets init --url URL "
-                    f"{table.sequence or ''}` or op.create_ticket_table()"
-                ) from error
-            raise TicketsError(f"ticket server {self} rejected {table.label}: {error}") from error

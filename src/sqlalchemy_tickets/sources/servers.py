@@ -69,8 +69,7 @@ class TicketServers:
         self._members = members
         this = weakref.ref(self)
         for joined in members:
-            joined.server.start_above = self._highest_elsewhere
-            joined.server.start_above_many = self._highest_elsewhere_many
+            joined.server.start_above = self._highest_elsewhere_many
             joined.server.floors.append(_peers_floor(this, joined.server))
             joined.server.after_heal.append(_raise_peers(this, joined.server))
         self._backoff = backoff
@@ -363,7 +362,7 @@ def _raise_peers(
             if member.server is server:
                 continue
             try:
-                member.server.raise_above(
+                member.server.db.raise_above(
                     ticket_table(table.sequence, table.bits, member.server.table_template),
                     target,
                 )

@@ -1,0 +1,202 @@
+"""A ticket server's guard against rewinds (``_rewind.py`` says what the layers share): each
+table's identity compared with the one seen last (first contact: the one recorded in the
+database), and a database that went back in time healed above every floor known — once per
+rewind, however many threads see it — or refused with :class:`RewindError`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .._naming import TicketTable
+from ..dialects.base import Identity, TableInfo
+from ..errors import TicketsError
+from . import _rewind
+from ._marks import Marks
+from ._rewind import RewindPolicy
+from ._stamps import Stamps
+from ._ticket_db import TicketDatabase
+
+logger = logging.getLogger("sqlalchemy_tickets")
+
+
+@dataclass(eq=False)
+class Known:
+    """A table a server has seen, the stride it was last seen with, and its identity when
+    last checked (at ``checked`` on the monotonic clock, after the engine's ``epoch``-th
+    connection)."""
+
+    table: TicketTable
+    info: TableInfo
+    identity: Identity | None = None
+    checked: float = 0.0
+    epoch: int = 0
+
+
+class IdentityGuard:
+    """The rewind guard of one ticket database.
+
+    Args:
+        db: its statements.
+        stamps: the identities recorded there.
+        marks: what this process issued of each table.
+        policy, margin: ``on_rewind`` and ``rewind_margin`` (``TicketServer``).
+        floors: the floors of a table known outside the database (the other servers of a
+            pair), asked when a rewind is healed.
+        healed: told ``(table, target)`` after a heal (the other servers of a pair move above
+            it too).
+        url: the database's URL for the command a refusal prints.
+    """
+
+    def __init__(
+        self,
+        db: TicketDatabase,
+        stamps: Stamps,
+        marks: Marks,
+        *,
+        policy: RewindPolicy,
+        margin: int,
+        floors: Callable[[TicketTable], list[int]],
+        healed: Callable[[TicketTable, int], None],
+        url: str,
+    ) -> None:
+        self.db = db
+        self.stamps = stamps
+        self.marks = marks
+        self.policy = policy
+        self.margin = margin
+        self._floors_outside = floors
+        self._healed = healed
+        self._url = url
+        self._lock = threading.Lock()
+        self._healing: dict[TicketTable, threading.Lock] = {}
+        #: Rewinds healed here.
+        self.rewinds = 0
+
+    def __repr__(self) -> str:
+        return repr(self.db)
+
+    def check(self, known: Known) -> bool:
+        """Compare the table's identity with the one last seen (first contact: the one recorded
+        in the database); a change that may have lost issued ids is a rewind. Returns whether
+        there was one (healed: the sequence moved)."""
+        table = known.table
+        live = self.db.identity(table)
+        epoch = self.db.own.connections
+        if live is None:
+            return False  # no table: the take says so
+        rewound = False
+        reference = known.identity
+        if reference is None:
+            # First contact: the recorded identity, or this one recorded (one connection).
+            reference = self.stamps.stored_or_recorded(table, live, known.info.last_id)
+        if reference is None or live.same(reference):
+            pass
+        elif known.identity is not None and live.same(self.stamps.read(table) or known.identity):
+            # Changed since this process looked, but already vouched for in the database: by
+            # an operator's sync, or by the process that healed it first. This process's own
+            # high-water mark still guards what it issued.
+            logger.info("%s: %s is on %s now, as recorded since", self, table.label, live)
+        elif live.promoted_from(reference):
+            logger.info("%s: %s is on %s now, after a failover to a synchronous standby (was "
+                        "%s): no issued id was lost", self, table.label, live, reference)
+            self.stamps.record(table, live, None)
+        else:
+            # A rewind, whoever heals it: a block taken before this check is burned.
+            self.rewound(known, f"its identity changed from {reference} to {live} "
+                         "(restored from a backup, or a replica promoted)", live=live)
+            rewound = True
+        known.identity = live
+        known.checked = time.monotonic()
+        known.epoch = epoch
+        return rewound
+
+    def check_many(self, knowns: Sequence[Known]) -> bool:
+        """:meth:`check` of many tables in one round trip; a table that changed is checked
+        (and healed or refused) alone. Whether any changed."""
+        lives = self.db.identities([k.table for k in knowns])
+        changed = False
+        epoch, now = self.db.own.connections, time.monotonic()
+        for known in knowns:
+            live = lives.get(known.table)
+            if live is not None and known.identity is not None and live.same(known.identity):
+                known.checked, known.epoch = now, epoch
+            else:
+                changed = self.check(known) or changed
+        return changed
+
+    def floors(self, table: TicketTable) -> list[int]:
+        """What is known to be issued or in use, from this process and outside the database."""
+        high = self.marks.high(table)
+        found = [high] if high else []
+        try:
+            found += self._floors_outside(table)
+        except TicketsError as error:
+            logger.debug("a floor of %s is out of reach: %s", table.label, error)
+        return found
+
+    def rewound(
+        self,
+        known: Known,
+        seen: str,
+        *,
+        live: Identity | None = None,
+        high_seen: int | None = None,
+        in_use: bool = False,
+    ) -> None:
+        """The database went back in time for ``known`` (``seen``: how it showed): move the
+        sequence above the highest floor plus the margin (``on_rewind="heal"``), or raise
+        :class:`RewindError`. Once per rewind: a thread that finds it healed by another since
+        it looked (the identity it saw, ``live``, recorded; the mark above the one it compared
+        with, ``high_seen``) leaves it. ``in_use``: not a rewind, the tables the sequence
+        serves hold ids it has not reached (a table moved from auto-increment). The caller
+        burns what it was offered either way."""
+        table = known.table
+        with self._lock:
+            healing = self._healing.setdefault(table, threading.Lock())
+        with healing:
+            if live is not None:
+                recorded = self.stamps.read(table)
+                if recorded is not None and recorded.same(live):
+                    # Healed (and vouched for) by another thread or process since this one
+                    # looked; the marks still guard what this process issued.
+                    known.identity = live
+                    return
+            if high_seen is not None and self.marks.high(table) > high_seen:
+                return  # another thread healed it: its floor moved the mark
+            floors = self.floors(table)
+            if self.policy == "refuse" or not floors:
+                raise _rewind.refusal(repr(self), self._url, table, seen, floors)
+            floor = max(floors)
+            target = min(floor + self.margin * known.info.increment, table.max_id)
+            self.db.raise_above(table, target)
+            with self._lock:
+                self.rewinds += 1
+            with self.marks.lock:
+                # The target, not the floor: the ids issued from here on are this process's
+                # too, and a second restore of the same backup must not be healed onto them.
+                self.marks.of(table).raise_floor(target)
+            _rewind.counted(table)
+            self._healed(table, target)
+            if in_use:
+                logger.warning(
+                    "%s: %s: %s; moved it above %d (that id, %d, plus a margin) before its "
+                    "first block: no id is issued twice (run `sqlalchemy-tickets sync` or "
+                    "op.sync_ticket_sequence() when moving a table to TicketId)",
+                    self, table.label, seen, target, floor,
+                )
+            else:
+                logger.warning(
+                    "%s: %s went back in time: %s; moved it above %d (the highest id known in "
+                    "use, %d, plus a margin): no id is issued twice",
+                    self, table.label, seen, target, floor,
+                )
+            if live is None:
+                live = self.db.identity(table)
+            if live is not None:
+                # Vouched for as it is now: other processes need not heal it again.
+                self.stamps.record(table, live, target)
+                known.identity = live
