@@ -21,6 +21,7 @@ from .errors import (
     UnknownSequenceError,
 )
 from .prefix_lookup import async_lookup, lookup
+from .sources import _open as _caches
 
 if TYPE_CHECKING:
     from ._reset import drop_ticket_tables
@@ -57,6 +58,17 @@ _LAZY = {
     "configure": ".sources",
     "apply_timeouts": ".timeouts",
 }
+
+
+def _enable_metrics() -> None:
+    # The OpenTelemetry instruments, registered once a cache opens: nothing of metrics (nor of
+    # OpenTelemetry, without the otel extra) is imported before.
+    from .metrics import enable_if_installed
+
+    enable_if_installed()
+
+
+_caches.when_first_open(_enable_metrics)
 
 
 def __getattr__(name: str) -> object:

@@ -242,7 +242,8 @@ def enable(meter_provider: MeterProvider | None = None) -> bool:
 def enable_if_installed() -> None:
     """Register with the global provider once per process, if OpenTelemetry is installed.
 
-    Called when a cache is made; costs one look-up of the package (no import) when it is not.
+    Called when the process's first cache opens (the package's hook in ``_open``); costs one
+    look-up of the package (no import) when it is not installed.
     """
     global _auto_checked
     if _auto_checked:
@@ -265,9 +266,12 @@ def enable_if_installed() -> None:
 
 
 def _version() -> str:
-    from . import __version__
+    from importlib.metadata import PackageNotFoundError, version
 
-    return __version__
+    try:
+        return version("sqlalchemy-tickets")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "0.0.0"
 
 
 # -- Prometheus ---------------------------------------------------------------------------------

@@ -36,6 +36,9 @@ from .._deprecation import warn_renamed
 from .._naming import check_bits, normalize_sequence
 from ..errors import ExhaustedError, TicketsError, TicketServerUnavailable
 from . import _open
+from ._backoff import Backoff
+from ._lanes import FailurePolicy, Lane, LaneMap, reaches_callers
+from ._options import check_budget, check_sizing, check_workers
 from ._refill import Refiller
 from ._sizing import RATE_INTERVAL, Sizing, budget_of, next_rate, runway
 from .base import (
@@ -66,12 +69,9 @@ _EMPTY: Iterator[int] = iter(range(0))
 
 
 @dataclass(eq=False)
-class _Lane:
+class _Lane(Lane):
     """The cache of one (sequence, bits). Everything but ``chunk`` is guarded by ``lock``."""
 
-    sequence: str | None
-    bits: int
-    lock: threading.Lock = field(default_factory=threading.Lock)
     #: The ids ready for ``next_id``: an iterator over part of ``rest``'s block.
     chunk: Iterator[int] = _EMPTY
     chunk_step: int = 1
@@ -82,8 +82,6 @@ class _Lane:
     refilling: bool = False
     pending: int = 0  # ids asked for by the refill in flight: held as soon as asked
     wanted: int = 0  # ids a caller of next_block is short of: the next refill includes them
-    error: BaseException | None = None
-    failures: int = 0
     # Counters.
     moved: int = 0  # ids put in chunks
     carved: int = 0  # ids handed out through next_block
@@ -108,10 +106,6 @@ class _Lane:
     rate_time: float = 0.0
     rate_count: int = 0
     last_issued: int = 0
-    changed: threading.Condition = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.changed = threading.Condition(self.lock)
 
     @property
     def ready(self) -> int:
@@ -191,22 +185,10 @@ class CachedSource:
     ) -> None:
         if not isinstance(source, TicketSource):
             raise TicketsError(f"{source!r} is not a ticket source (needs next_id, next_block)")
-        check_count(min_block)
-        check_count(max_block)
-        if min_block > max_block:
-            raise TicketsError(f"min_block ({min_block}) must not exceed max_block ({max_block})")
-        if not supply > 0 or not window > 0 or not timeout > 0:
-            raise TicketsError("supply, window and timeout must be positive numbers of seconds")
-        if isinstance(waste_budget, bool) or not (
-            (isinstance(waste_budget, int) and waste_budget >= 2)
-            or (isinstance(waste_budget, float) and 0 < waste_budget < 1)
-        ):
-            raise TicketsError(
-                f"waste_budget must be an int >= 2 (ids) or a float in (0, 1) (a share of the "
-                f"id space left), not {waste_budget!r}"
-            )
-        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
-            raise TicketsError(f"max_workers must be a positive integer, not {max_workers!r}")
+        check_sizing(min_block=min_block, max_block=max_block, supply=supply, window=window,
+                     timeout=timeout)
+        check_budget(waste_budget, at_least=2, what="the id space left")
+        check_workers(max_workers, "max_workers")
         if waste_ratio is not None:
             warn_renamed("CachedSource(waste_ratio=...)", "waste_budget= (it no longer has "
                          "any effect: a clean exit gives every id held back)")
@@ -220,6 +202,10 @@ class CachedSource:
         self.backoff = float(backoff)
         self.max_backoff = float(max_backoff)
         self.sizing = Sizing(self.supply, self.window, min_block, max_block)
+        self._failures: FailurePolicy[_Lane] = FailurePolicy(
+            lambda: repr(self), Backoff(self.backoff, self.max_backoff),
+            lambda lane, pause: self._refiller.defer(lane, pause, runway=0.0),
+        )
         self._clock = clock
         self._max_workers = max_workers
         # Without the GIL a chunk's ``__next__`` is not one atomic step: every call locks.
@@ -229,16 +215,14 @@ class CachedSource:
         self._reset_state()
         _open.register(self)
         _process.track(self)
-        from .. import metrics  # here: a process that makes no cache needs none of it
-
-        metrics.enable_if_installed()
 
     def _reset_state(self) -> None:
-        self._lanes: dict[tuple[str | None, int], _Lane] = {}
+        self._lanes: LaneMap[_Lane] = LaneMap(
+            lambda name, bits: _Lane(name, bits, rate_time=self._clock()), self._spelled
+        )
         # The hot path: each lane's chunk's ``__next__``, keyed as callers spell the sequence.
         self._next64: dict[str | None, Callable[[], int]] = {}
         self._next: dict[tuple[str | None, int], Callable[[], int]] = {}
-        self._lanes_lock = threading.Lock()
         batch = REFILL_BATCH if isinstance(self.source, TakesMany) else 1
         self._refiller: Refiller[_Lane] = Refiller(
             self._refill, name="tickets-refill", workers=self._max_workers, batch=batch,
@@ -556,25 +540,15 @@ class CachedSource:
 
     def _distinct_lanes(self) -> list[_Lane]:
         """Each lane once (a lane is listed under every spelling callers used)."""
-        with self._lanes_lock:
-            return list({id(lane): lane for lane in self._lanes.values()}.values())
+        return self._lanes.distinct()
 
     def _lane(self, sequence: str | None, bits: int) -> _Lane:
-        lane = self._lanes.get((sequence, bits))
-        if lane is None:
-            check_bits(bits)
-            name = normalize_sequence(sequence)
-            with self._lanes_lock:
-                lane = self._lanes.get((name, bits))
-                if lane is None:
-                    lane = _Lane(name, bits, rate_time=self._clock())
-                    self._lanes[name, bits] = lane
-                # The caller's spelling maps to the same lane: "Photos" and "photos" are one.
-                if (sequence, bits) not in self._lanes or sequence not in lane.keys:
-                    self._lanes[sequence, bits] = lane
-                    lane.keys.append(sequence)
-                    self._install(lane, sequence)
-        return lane
+        return self._lanes.get(sequence, bits)
+
+    def _spelled(self, lane: _Lane, key: str | None) -> None:
+        # The caller's spelling maps to the same lane: "Photos" and "photos" are one.
+        lane.keys.append(key)
+        self._install(lane, key)
 
     def _install(self, lane: _Lane, key: str | None) -> None:
         """Point the hot path of spelling ``key`` at the lane's chunk (free-threaded builds:
@@ -631,8 +605,8 @@ class CachedSource:
         # A refill waiting out a back-off runs now: a caller is waiting for it.
         self._refiller.hurry(lane, 0.0)
         while not (lane.rest or lane.ahead or lane.ready):
-            if isinstance(lane.error, ExhaustedError):
-                raise lane.error
+            if reaches_callers(lane.error):
+                raise lane.error  # type: ignore[misc]
             left = deadline - clock()
             if left <= 0 or self._closed.is_set():
                 reason = f": {lane.error}" if lane.error is not None else ""
@@ -787,10 +761,7 @@ class CachedSource:
             lane.ahead.append(kept)
         lane.refills += 1
         lane.latency = took if not lane.latency else 0.8 * lane.latency + 0.2 * took
-        if lane.failures:
-            logger.info("refills of %s/%d work again", lane.sequence, lane.bits)
-        lane.failures = 0
-        lane.error = None
+        self._failures.recovered(lane)
         lane.refilling = False
         lane.pending = 0
         logger.debug(
@@ -803,20 +774,12 @@ class CachedSource:
             self._start_refill(lane)
 
     def _failed(self, lane: _Lane, error: BaseException, *, final: bool) -> None:
-        with lane.lock:
-            lane.error = error
-            lane.failures += 1
-            failures = lane.failures
+        def stop() -> None:
             if final or self._closed.is_set():
                 lane.refilling = False
                 lane.pending = 0
-            lane.changed.notify_all()
-        if not final:
-            pause = min(self.max_backoff, self.backoff * 2 ** (failures - 1))
-            self._refiller.defer(lane, pause, runway=0.0)
-        (logger.error if final else logger.warning)(
-            "refill of %s/%d failed (%d in a row): %s", lane.sequence, lane.bits, failures, error
-        )
+
+        self._failures.failed(lane, error, final=final, also=stop)
 
 
 def _depth(cache: CachedSource) -> int:
