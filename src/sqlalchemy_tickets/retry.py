@@ -24,7 +24,6 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import logging
-import random
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Coroutine
@@ -36,6 +35,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, make_transient_to_detached
 
+from ._backoff import Backoff
 from .dialects.base import every_backend
 from .errors import CommitOutcomeUnknownError, DatabaseUnavailable, TicketsError
 
@@ -165,9 +165,9 @@ class _Policy:
         if self.wait is not None:
             state.upcoming_sleep = float(self.wait(state))
         else:
-            # Doubling, capped, with full jitter between half and all of it.
-            full = min(self.max_backoff, self.backoff * 2 ** (state.attempt_number - 1))
-            state.upcoming_sleep = full * (0.5 + random.random() / 2)
+            # Doubling, capped, with jitter between half and all of it.
+            state.upcoming_sleep = Backoff(self.backoff, self.max_backoff, jitter=0.5).pause(
+                state.attempt_number)
         done = self.stop(state) if self.stop is not None else state.attempt_number >= self.attempts
         if done:
             return None

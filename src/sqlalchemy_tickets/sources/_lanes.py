@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from .._backoff import Backoff
 from .._naming import check_bits, normalize_sequence
 from ..errors import ExhaustedError, RewindError
-from ._backoff import Backoff
 
 logger = logging.getLogger("sqlalchemy_tickets")
 

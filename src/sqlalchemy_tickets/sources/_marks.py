@@ -112,7 +112,9 @@ class Marks:
 
     def __init__(self) -> None:
         self._by_table: dict[TicketTable, Mark] = {}
+        #: Held to change a mark (callers hold it around :meth:`Mark.issued` and the like).
         self.lock = threading.Lock()
+        self._making = threading.Lock()  # apart: a caller holding ``lock`` may make a mark
         self.gate = MarkGate()
 
     def get(self, table: TicketTable) -> Mark | None:
@@ -122,7 +124,7 @@ class Marks:
         """The mark of ``table``, made on first use."""
         mark = self._by_table.get(table)
         if mark is None:
-            with self.lock:
+            with self._making:
                 mark = self._by_table.setdefault(table, Mark())
         return mark
 
@@ -133,4 +135,5 @@ class Marks:
 
     def after_fork(self) -> None:
         self.lock = threading.Lock()
+        self._making = threading.Lock()
         self.gate = MarkGate()

@@ -163,14 +163,6 @@ class Refiller(Generic[L]):
                 target=self._work, name=f"{self._name}_{state.threads}", daemon=True
             ).start()
 
-    def forget(self, lane: L) -> None:
-        """Take ``lane`` out of the schedule (a job running it finishes)."""
-        state = self._state
-        with state.lock:
-            entry = state.entries.get(lane)
-            if entry is not None and not entry.running:
-                del state.entries[lane]
-
     def scheduled(self, lane: L) -> bool:
         """Whether ``lane`` is due, waiting for its time, or running."""
         with self._state.lock:
@@ -298,10 +290,6 @@ class Refiller(Generic[L]):
         """Threads started and not ended."""
         with self._state.lock:
             return self._state.threads
-
-    def reset_after_fork(self) -> None:
-        """In a forked child: the parent's threads and schedule are not the child's."""
-        self._state = _State()
 
     def __repr__(self) -> str:
         return f"Refiller({self._name!r}, workers={self._workers}, batch={self._batch})"

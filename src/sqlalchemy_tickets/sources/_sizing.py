@@ -87,3 +87,43 @@ class Sizing:
         if lasted >= self.supply / 4:
             return 0
         return min(2 * block, max(self.min_block, issued))
+
+
+#: The most ids a datacenter tier holds in stock by default (and never more than 0.1 % of the
+#: id space).
+DEFAULT_STOCK_BUDGET = 10_000_000
+
+
+@dataclass(frozen=True)
+class StockSizing:
+    """How much a datacenter tier keeps in stock: :class:`Sizing`'s target at the rate every
+    process takes together (not capped by ``max_block``, the most asked of upstream in one
+    call: a refill makes several), within ``min_block`` and the waste budget; refilled under
+    ``low_water`` (a share) of it.
+
+    ``waste_budget``: an ``int`` (ids), a ``float`` in (0, 1) (a share of the sequence's whole
+    id space), or ``None`` (10 million, and at most 0.1 % of the space); never under
+    ``min_block``."""
+
+    supply: float
+    window: float
+    min_block: int
+    waste_budget: int | float | None
+    low_water: float
+
+    def budget(self, bits: int) -> int:
+        budget = self.waste_budget
+        if budget is None:
+            return max(self.min_block, min(DEFAULT_STOCK_BUDGET, max_id(bits) // 1000))
+        if isinstance(budget, float):
+            return max(self.min_block, budget_of(budget, bits, 0))
+        return budget
+
+    def target(self, rate: float, bits: int) -> int:
+        """The stock aimed at: ``supply`` seconds at the shared ``rate``, within the bounds."""
+        sizing = Sizing(self.supply, self.window, self.min_block, max_id(bits))
+        return sizing.target(rate, self.budget(bits))
+
+    def low(self, rate: float, bits: int) -> int:
+        """Refill under this many ids in stock."""
+        return max(1, int(self.target(rate, bits) * self.low_water))

@@ -177,6 +177,11 @@ class TierStore:
             ).where(self._where(self.state, [key]))
         ).one_or_none()
 
+    def read_guard(self, conn: sa.Connection) -> tuple[Any, ...]:
+        """What the guard columns read now (nothing where the backend has none)."""
+        columns = self.guard_columns
+        return tuple(conn.execute(sa.select(*columns)).one()) if columns else ()
+
     def guard_of(self, row: Any) -> tuple[Any, ...]:
         return tuple(getattr(row, f"guard{i}") for i in range(len(self.guard_columns)))
 
@@ -242,6 +247,27 @@ class TierStore:
         })
         for start in range(0, len(rows), CHUNK):
             conn.execute(stmt, rows[start : start + CHUNK])
+
+    def release(self, conn: sa.Connection, owner: str, keys: Iterable[Key]) -> None:
+        """Release ``owner``'s refill claims of ``keys`` (where it still holds them)."""
+        c = self.state.c
+        conn.execute(
+            sa.update(self.state)
+            .where(
+                c.sequence_name == sa.bindparam("k_name", type_=c.sequence_name.type),
+                c.bits == sa.bindparam("k_bits", type_=sa.SmallInteger),
+                c.claim_owner == owner,
+            )
+            .values(claim_owner="", claim_until=0),
+            # In key order, as every writer of several rows locks them: two writers locking
+            # in different orders would wait for each other.
+            [{"k_name": name, "k_bits": bits} for name, bits in sorted(set(keys))],
+        )
+
+    def mark_exhausted(self, conn: sa.Connection, key: Key) -> None:
+        """Record that upstream has no ids left for ``key``."""
+        conn.execute(sa.update(self.state).where(self._where(self.state, [key]))
+                     .values(exhausted=1))
 
     # -- the stock table ----------------------------------------------------------------------
 
@@ -372,17 +398,3 @@ class TierStore:
                 [{"k_name": name, "v_last": last, "v_stamp": stamp}
                  for name, (last, stamp) in marks.items()],
             )
-
-    # -- reading it all -----------------------------------------------------------------------
-
-    def everything(self, conn: sa.Connection) -> tuple[list[Any], list[Any]]:
-        """Every state row (with the database's clock) and every stock row, unlocked."""
-        s, q = self.state.c, self.stock.c
-        states = conn.execute(
-            sa.select(self.state, db_now_ms().label("now_ms")).order_by(s.sequence_name, s.bits)
-        ).all()
-        ranges = conn.execute(
-            sa.select(q.sequence_name, q.bits, q.kind, q.first_id, q.last_id, q.step)
-        ).all()
-        return list(states), list(ranges)
-

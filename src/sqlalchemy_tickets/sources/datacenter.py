@@ -68,6 +68,11 @@ durable, so stocking for a spike costs id space, not ids lost on a restart.
   discards the whole stock (a compare-and-set on the recorded identity, so it happens once) and
   refills from upstream, which never rewound. Nobody needs to act.
 
+**The parts.** This module holds the tier's API; ``_tier_db.py`` its units of work and the
+identity check; ``_tier_ledger.py`` how ranges move between head and stock (pure, no SQL);
+``_tier_refill.py`` the refill jobs; ``_tier_store.py`` (and ``dialects/``) every statement;
+``_tier_admin.py`` the tables as an operator sees them.
+
 **Which clock.** Everything shared — the rate's samples and the claims' expiry — uses the database
 server's clock, read in the same statements: the one clock every process on every host agrees
 on, whatever their own clocks say. Local monotonic clocks only bound local waits (``timeout``,
@@ -84,70 +89,48 @@ import secrets
 import socket
 import threading
 import time
-import weakref
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
 from .. import _process
-from .._naming import (
-    DEFAULT_TIER_PREFIX,
-    TicketTable,
-    check_bits,
-    check_seconds,
-    max_id,
-    normalize_sequence,
-    tier_tables,
-)
+from .._backoff import Backoff
+from .._naming import DEFAULT_TIER_PREFIX, check_bits, check_seconds, tier_tables
 from ..dialects._connect import Bind, OwnEngine, sync_bind
-from ..dialects.base import Identity, TicketBackend
-from ..errors import (
-    DatabaseUnavailable,
-    ExhaustedError,
-    RewindError,
-    TicketsError,
-    TicketServerUnavailable,
-    UnknownSequenceError,
-)
+from ..dialects.base import TicketBackend
+from ..errors import ExhaustedError, RewindError, TicketsError, TicketServerUnavailable
 from . import _rewind
+from ._lanes import FailurePolicy, LaneMap
+from ._options import check_budget, check_sizing, check_workers
 from ._refill import Refiller
 from ._rewind import RewindPolicy
-from ._sizing import Sizing, runway
+from ._sizing import StockSizing, runway
 from ._stamps import Stamps
 from ._tier_admin import (
     TierStatus,
     create_datacenter_tables,
-    create_tables,
     datacenter_table_statements,
     datacenter_tables,
     describe,
     describe_datacenter,
     drop_datacenter_table_statements,
-    has_columns,
-    missing_table,
-    older_release,
 )
-from ._tier_refill import (
-    RATE_INTERVAL_MS,
-    Lane,
-    MissingTables,
-    Moved,
-    NoState,
-    TierRefills,
+from ._tier_db import Moved, NoState, TierDatabase, TierLane
+from ._tier_ledger import (
+    GIVEN_BACK,
+    Moves,
+    cut_below,
+    next_head,
+    promote,
+    put,
+    share_an_id,
+    take_from_head,
 )
-from ._tier_store import Key, Queued, Taken, TierStore, headable
-from .base import (
-    Request,
-    TicketSource,
-    above,
-    check_count,
-    check_ids,
-    ensure_above_in,
-    prepare_in,
-)
+from ._tier_refill import RATE_INTERVAL_MS, TierRefills
+from ._tier_store import Taken
+from .base import Request, TicketSource, check_count, check_ids, ensure_above_in, prepare_in
 
 __all__ = [
     "DatacenterTier",
@@ -160,9 +143,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("sqlalchemy_tickets")
-
-#: The most ids in stock by default (and never more than 0.1 % of the id space).
-DEFAULT_WASTE_BUDGET = 10_000_000
 
 #: How often a caller waiting on an empty stock looks again for ids another process stored.
 _POLL = 0.05
@@ -179,23 +159,6 @@ _ONE_BY_ONE = 4
 
 #: Times a take looks for ids again after making the next queued range the head.
 _TAKE_ATTEMPTS = 5
-
-_T = TypeVar("_T")
-
-
-def _share_an_id(a: range, b: range) -> bool:
-    """Whether two increasing ranges have an id in common (strides are small: a ticket server
-    pair's N)."""
-    low, high = max(a.start, b.start), min(a[-1], b[-1])
-    if low > high:
-        return False
-    first = a.start + -(-(low - a.start) // a.step) * a.step  # a's first id >= low
-    period = a.step * b.step // math.gcd(a.step, b.step)
-    return any(x in b for x in range(first, min(high, first + period - 1) + 1, a.step))
-
-
-_tiers: weakref.WeakSet[DatacenterTier] = weakref.WeakSet()
-_tiers_lock = threading.Lock()
 
 
 class DatacenterTier:
@@ -262,31 +225,17 @@ class DatacenterTier:
         self.identity_interval = check_seconds("identity_interval", identity_interval)
         if not isinstance(upstream, TicketSource):
             raise TicketsError(f"{upstream!r} is not a ticket source (needs next_id, next_block)")
-        for label, value in (
-            ("supply", supply), ("window", window),
-            ("claim_timeout", claim_timeout), ("backoff", backoff), ("max_backoff", max_backoff),
-        ):
-            check_seconds(label, value)
-        check_count(min_block)
-        check_count(max_block)
-        if min_block > max_block:
-            raise TicketsError(f"min_block ({min_block}) must not exceed max_block ({max_block})")
-        if waste_budget is not None and (isinstance(waste_budget, bool) or not (
-            (isinstance(waste_budget, int) and waste_budget >= min_block)
-            or (isinstance(waste_budget, float) and 0 < waste_budget < 1)
-        )):
-            raise TicketsError(
-                f"waste_budget must be an int >= min_block (ids) or a float in (0, 1) (a share "
-                f"of the id space), not {waste_budget!r}"
-            )
+        check_sizing(min_block=min_block, max_block=max_block, supply=supply, window=window,
+                     claim_timeout=claim_timeout, backoff=backoff, max_backoff=max_backoff)
+        if waste_budget is not None:
+            check_budget(waste_budget, at_least=min_block, what="the id space")
         if isinstance(low_water, bool) or not isinstance(low_water, (int, float)) or not (
             0 < low_water <= 1
         ):
             raise TicketsError(f"low_water must be a share in (0, 1], not {low_water!r}")
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise TicketsError(f"workers must be a positive integer, not {workers!r}")
+        self.workers = check_workers(workers)
         self.names = tier_tables(table_prefix)
-        #: The tier's own engine and bounded round trip.
+        #: The tier's own engine: the one pool every unit of work goes through.
         self.own = OwnEngine(
             sync_bind(bind),
             timeout=timeout,
@@ -308,43 +257,48 @@ class DatacenterTier:
         self.backoff = float(backoff)
         self.max_backoff = float(max_backoff)
         self.create_missing = create_missing
-        self.workers = workers
-        self.sizing = Sizing(self.supply, self.window, min_block, max_block)
-        self.store = TierStore(self.backend, self.names)
+        #: How much the stock aims at (``_sizing.py``).
+        self.sizing = StockSizing(self.supply, self.window, min_block, waste_budget,
+                                  self.low_water)
         #: The identities and marks recorded in the tier's database (its stamp table).
         self.stamps = Stamps(self.own, create=create_missing, command=(
             f"`sqlalchemy-tickets init --url {self.url.render_as_string(hide_password=True)} "
             "--datacenter-tier` (or op.create_datacenter_tables() in a migration)"))
+        self._closed = threading.Event()
         self._reset_state()
-        # A new connection may reach another database (a failover behind the same name).
-        sa.event.listen(self.own.engine, "connect", self._connected)
-        with _tiers_lock:
-            _tiers.add(self)
+        _process.track(self)
 
     def _reset_state(self) -> None:
-        self._lock = threading.Lock()
-        self._writing = threading.Lock()
-        self._lanes: dict[tuple[str | None, int], Lane] = {}
-        self._closed = threading.Event()
+        self._lanes: LaneMap[TierLane] = LaneMap(TierLane)
         #: Who this process is in a claim row: host, pid, and a token (pids are reused).
         self.owner = f"{socket.gethostname()[:32]}:{os.getpid()}:{secrets.token_hex(6)}"[-64:]
-        # The tier database's identity as last checked, what its guard columns read then,
-        # when (monotonic) and on which connection epoch.
-        self._identity: Identity | None = None
-        self._guard: tuple[Any, ...] | None = None
-        self._checked = 0.0
-        self._epoch = 0
-        self._checked_epoch = -1
-        self._rewinds = 0  # times this process found the tier's own database rewound
-        self._created = False  # the tables were made (or upgraded) in this process
-        self._refills = TierRefills(self)
-        self._refiller: Refiller[Lane] = Refiller(
-            self._refills.run, name="tickets-dc-refill", workers=self.workers,
-            batch=REFILL_BATCH,
+        self.db = TierDatabase(
+            self.own, self.names, create_missing=self.create_missing,
+            identity_interval=self.identity_interval, stamps=self.stamps,
+            rewound=lambda discarded: self._wake_all(),
+        )
+        self.store = self.db.store
+        self._refiller: Refiller[TierLane] = Refiller(
+            self._refill, name="tickets-dc-refill", workers=self.workers, batch=REFILL_BATCH,
+        )
+        backoff = Backoff(self.backoff, self.max_backoff)
+        self._failures: FailurePolicy[TierLane] = FailurePolicy(
+            lambda: repr(self), backoff,
+            lambda lane, pause: self._refiller.defer(lane, pause, runway=0.0),
+        )
+        self._refills = TierRefills(
+            self.db, self.upstream, sizing=self.sizing, schedule=self._refiller,
+            failures=self._failures, owner=self.owner, claim_timeout=self.claim_timeout,
+            max_block=self.max_block, on_rewind=self.on_rewind, backoff=backoff,
+            closed=self._closed, name=lambda: repr(self),
         )
 
-    def _connected(self, dbapi_connection: Any, record: Any) -> None:
-        self._epoch += 1
+    def _refill(self, lanes: list[TierLane]) -> None:
+        self._refills.run(lanes)
+
+    def _wake_all(self) -> None:
+        for lane in self._lanes.distinct():
+            self._refiller.wake(lane, runway=0.0)
 
     def __repr__(self) -> str:
         return f"DatacenterTier({self.url.render_as_string()!r}, upstream={self.upstream!r})"
@@ -360,8 +314,8 @@ class DatacenterTier:
         none), in one statement on the datacenter's database. Never waits on upstream while
         the stock holds ids; on an empty stock, waits up to ``timeout`` for a refill, then
         raises :class:`TicketServerUnavailable` (:class:`ExhaustedError` if upstream has no
-        ids left)."""
-        lane = self._lane(sequence, bits)
+        ids left; :class:`RewindError` at once while upstream's rewind is refused)."""
+        lane = self._lanes.get(sequence, bits)
         check_count(count, lane.bits)
         deadline: float | None = None
         look = True  # take: at once, then after ids arrived or a look found some
@@ -387,9 +341,9 @@ class DatacenterTier:
                     lane.blocking_waits += 1
                     lane.wanted = max(lane.wanted, count)
                 error = lane.error
+            if isinstance(error, RewindError):
+                raise error
             if now >= deadline or self._closed.is_set():
-                if isinstance(error, RewindError):
-                    raise error
                 reason = f": {error}" if error is not None else ""
                 state = " (the tier is closed)" if self._closed.is_set() else ""
                 raise TicketServerUnavailable(
@@ -408,9 +362,9 @@ class DatacenterTier:
                     left = poll_until - time.monotonic()
                     if left <= 0:
                         break
-                    lane.arrived.wait(left)
+                    lane.changed.wait(left)
                 arrived = lane.stored != stored
-            look = arrived or self._peek(lane)
+            look = arrived or self.db.peek(lane.key)
 
     def next_blocks(self, requests: Sequence[Request]) -> list[range | TicketsError]:
         """:meth:`next_block` for each ``(sequence, count, bits)``: a few sequences one
@@ -419,10 +373,10 @@ class DatacenterTier:
         out: list[range | TicketsError | None] = [None] * len(requests)
         for i, (sequence, count, bits) in enumerate(requests):
             try:
-                check_count(count, self._lane(sequence, bits).bits)
+                check_count(count, self._lanes.get(sequence, bits).bits)
             except TicketsError as error:
                 out[i] = error
-        wanted = [(i, self._lane(s, b), c) for i, (s, c, b) in enumerate(requests)
+        wanted = [(i, self._lanes.get(s, b), c) for i, (s, c, b) in enumerate(requests)
                   if out[i] is None]
         if len(wanted) <= _ONE_BY_ONE:
             wanted = []  # the one-statement take beats a transaction for a few
@@ -431,7 +385,7 @@ class DatacenterTier:
             found: list[range | None] | list[TicketsError]
             takes = [(lane, c) for _, lane, c in part]
             try:
-                found = self._transaction(
+                found = self.db.transaction(
                     [lane for lane, _ in takes], functools.partial(self._take_many, takes=takes)
                 )
             except TicketsError as error:
@@ -458,10 +412,10 @@ class DatacenterTier:
         Raises the first :class:`TicketsError` a refill met."""
         check_bits(bits)
         lanes = list({id(lane): lane for lane in (
-            self._lane(sequence, bits) for sequence in sequences)}.values())
+            self._lanes.get(sequence, bits) for sequence in sequences)}.values())
         if not lanes:
             return
-        self._transaction(lanes, lambda conn: None)  # tables, state rows, identity
+        self.db.transaction(lanes, lambda conn: None)  # tables, state rows, identity
         prepare_in(self.upstream, [lane.sequence for lane in lanes], bits)
         for lane in lanes:
             self._refiller.wake(lane, runway=0.0)
@@ -482,9 +436,9 @@ class DatacenterTier:
     def give_back_many(self, items: Sequence[tuple[str | None, range, int]]) -> list[int]:
         """:meth:`give_back` of each ``(sequence, ids, bits)``, in one transaction (a cache
         closing with thousands of lanes)."""
-        lanes: list[Lane] = []
+        lanes: list[TierLane] = []
         for sequence, ids, bits in items:
-            lane = self._lane(sequence, bits)
+            lane = self._lanes.get(sequence, bits)
             if not isinstance(ids, range):
                 raise TicketsError(f"give_back takes a range of ids, not {type(ids).__name__}")
             check_ids(ids, lane.bits)
@@ -503,7 +457,7 @@ class DatacenterTier:
             with lane.lock:
                 lane.given_back += taken
                 lane.stored += 1
-                lane.arrived.notify_all()
+                lane.changed.notify_all()
         out: list[int] = []
         n = 0
         for _, ids, _ in items:
@@ -515,7 +469,7 @@ class DatacenterTier:
         return out
 
     def _give_back_part(
-        self, wanted: list[tuple[Lane, range]], start: int, taken_by: dict[int, int]
+        self, wanted: list[tuple[TierLane, range]], start: int, taken_by: dict[int, int]
     ) -> None:
         """One transaction taking back ``wanted[start:start + TIER_CHUNK]`` (indexes into
         ``taken_by``)."""
@@ -529,37 +483,26 @@ class DatacenterTier:
             if len(states) < len(keys):
                 raise NoState
             queued = self.store.queued(conn, list(states))
-            add: list[Queued] = []
+            moves = Moves()
             for n, (lane, ids) in part:
                 state = states[lane.key]
-                held = [state.head, *(q.ids for q in queued[lane.key]), *(
-                    q.ids for q in add if q.key == lane.key)]
-                # Ranges of an odd/even pair interleave: rows spanning the same interval may
-                # still share no id, so the ids themselves are compared.
-                if any(b and _share_an_id(ids, b) for b in held):
+                held = [state.head, *(q.ids for q in queued[lane.key]),
+                        *(q.ids for q in moves.added if q.key == lane.key)]
+                if any(share_an_id(ids, b) for b in held):
                     continue
-                head, rest = headable(ids)
-                if not state.head or state.head_kind == 1:
-                    if state.head:  # ids never issued wait behind ids given back
-                        add.append(Queued(lane.key, 1, state.head))
-                    state.set_head(head, 0)
-                    if rest:
-                        add.append(Queued(lane.key, 0, rest))
-                else:
-                    add.append(Queued(lane.key, 0, ids))
-                state.stock += len(ids)
+                moves += put(state, ids, GIVEN_BACK)
                 state.given_back += len(ids)
                 taken_by[n] = len(ids)
             self.store.write(conn, states.values())
-            self.store.add(conn, add)
+            self.store.add(conn, moves.added)
 
-        self._transaction([lane for _, (lane, _) in part], work)
+        self.db.transaction([lane for _, (lane, _) in part], work)
 
     def ensure_above(self, sequence: str | None, floor: int, *, bits: int = 64) -> bool:
         """Make every id issued from now on be above ``floor`` (ids known to be in use): the
         ranges in stock at or below it are dropped, upstream is told too, and blocks it offers
         at or below are refused. Returns whether anything was dropped or moved."""
-        lane = self._lane(sequence, bits)
+        lane = self._lanes.get(sequence, bits)
         if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
             raise TicketsError(f"a floor is a number of ids >= 0, not {floor!r}")
         with lane.lock:
@@ -569,26 +512,15 @@ class DatacenterTier:
             state = self.store.lock(conn, [lane.key]).get(lane.key)
             if state is None:
                 raise NoState
-            dropped = 0
-            head = above(state.head, floor)
-            if len(head) != len(state.head):
-                dropped += len(state.head) - len(head)
-                state.set_head(head, state.head_kind)
-            gone, kept = [], []
-            for q in self.store.queued(conn, [lane.key], upto=floor)[lane.key]:
-                cut = above(q.ids, floor)
-                dropped += len(q.ids) - len(cut)
-                gone.append(q)
-                if cut:
-                    kept.append(Queued(q.key, q.kind, cut))
+            queued = self.store.queued(conn, [lane.key], upto=floor)[lane.key]
+            dropped, moves = cut_below(state, queued, floor)
             if dropped:
-                state.stock -= dropped
-                self.store.remove(conn, gone)
-                self.store.add(conn, kept)
+                self.store.remove(conn, moves.gone)
+                self.store.add(conn, moves.added)
                 self.store.write(conn, [state])
             return dropped
 
-        dropped: int = self._transaction([lane], work)
+        dropped: int = self.db.transaction([lane], work)
         if dropped:
             with lane.lock:
                 lane.burned += dropped
@@ -602,7 +534,7 @@ class DatacenterTier:
     def create_tables(self) -> None:
         """Create the tier's tables in its database if they are not there (and add the columns
         an older release's tables lack)."""
-        create_tables(self.own, self.names)
+        self.db.create_tables()
 
     def describe(self) -> list[TierStatus]:
         """Every sequence in this tier's database: stock, shared rate, runway, claim."""
@@ -615,13 +547,13 @@ class DatacenterTier:
             "claims_lost", "burned", "given_back", "blocking_waits", "failures", "rewinds",
         )
         per: dict[str, dict[str, Any]] = {}
-        for lane in self._distinct_lanes():
+        for lane in self._lanes.distinct():
             with lane.lock:
                 figures: dict[str, Any] = {key: getattr(lane, key) for key in keys}
                 figures["error"] = None if lane.error is None else str(lane.error)
             per[lane.label] = figures
         total: dict[str, Any] = {key: sum(p[key] for p in per.values()) for key in keys}
-        total["rewinds"] += self._rewinds
+        total["rewinds"] += self.db.rewinds
         # Rewinds upstream healed itself are counted there: one figure for the whole path.
         beneath = getattr(self.upstream, "stats", None)
         found = beneath().get("rewinds", 0) if callable(beneath) else 0
@@ -642,9 +574,9 @@ class DatacenterTier:
         if self._closed.is_set():
             return
         self._closed.set()
-        for lane in self._distinct_lanes():
+        for lane in self._lanes.distinct():
             with lane.lock:
-                lane.arrived.notify_all()
+                lane.changed.notify_all()
         # A block on its way lands and is stored within about one round trip each way. A
         # refill hung on upstream is left behind rather than hold the exit back: at worst its
         # block is burned, and its claim runs out by itself after claim_timeout.
@@ -652,8 +584,6 @@ class DatacenterTier:
             logger.warning("%s: a refill still waits on upstream after close(); its claim runs "
                            "out within %g s", self, self.claim_timeout)
         self.own.dispose()
-        with _tiers_lock:
-            _tiers.discard(self)
 
     def __enter__(self) -> DatacenterTier:
         return self
@@ -666,146 +596,21 @@ class DatacenterTier:
         self.own.dispose(close=False)
         self._reset_state()
 
-    # -- internals: lanes and units of work ---------------------------------------------------
-
-    def _distinct_lanes(self) -> list[Lane]:
-        with self._lock:
-            return list({id(lane): lane for lane in self._lanes.values()}.values())
-
-    def _lane(self, sequence: str | None, bits: int) -> Lane:
-        lane = self._lanes.get((sequence, bits))
-        if lane is None:
-            bits = check_bits(bits)
-            name = normalize_sequence(sequence)
-            with self._lock:
-                lane = self._lanes.get((name, bits))
-                if lane is None:
-                    lane = self._lanes[name, bits] = Lane(name, bits)
-                self._lanes[sequence, bits] = lane
-        return lane
-
-    def _run(self, work: Callable[[sa.Connection], _T], *, transaction: bool = True) -> _T:
-        """``work(conn)`` as one bounded unit of work on the tier's database (a transaction, or
-        autocommit statements), made again on a fresh connection when the pooled one was
-        found closed (``OwnEngine.run``: ``work`` must be safe to run again); its errors in
-        the library's terms."""
-        queued = self.backend.queue_local_writers
-        if queued and not self._writing.acquire(timeout=self.timeout):
-            raise TicketServerUnavailable(
-                f"{self}: the database stayed busy with this process's other writers for "
-                f"{self.timeout:g} s"
-            )
-
-        def unit(conn: sa.Connection) -> _T:
-            if not transaction:
-                return work(conn)
-            with self.backend.transaction(conn, self.timeout):
-                return work(conn)
-
-        try:
-            return self.own.run(unit)
-        except self.own.engine.dialect.loaded_dbapi.Error as error:  # a raw cursor's
-            raise self.own.unavailable(error) from error
-        except sa_exc.DBAPIError as error:
-            if missing_table(self.backend, error):
-                raise MissingTables from error
-            if isinstance(error, sa_exc.IntegrityError):
-                raise
-            raise self.own.unavailable(error) from error
-        finally:
-            if queued:
-                self._writing.release()
-
-    def _transaction(
-        self,
-        lanes: Sequence[Lane],
-        work: Callable[[sa.Connection], _T],
-        *,
-        transaction: bool = True,
-    ) -> _T:
-        """``work(conn)`` in one unit, creating the tables and the sequences' state rows first
-        if they are missing, and checking the tier database's identity when it is due."""
-        for _ in range(3):
-            missing = [lane for lane in lanes if not lane.ready]
-            if missing:
-                self._ensure(missing)
-            if self._checked_epoch != self._epoch or (
-                time.monotonic() - self._checked >= self.identity_interval
-            ):
-                self._verify_identity()
-            try:
-                return self._run(work, transaction=transaction)
-            except (MissingTables, NoState):
-                for lane in lanes:
-                    lane.ready = False
-            except Moved:
-                self._checked_epoch = -1  # checked (and its stock discarded) before the next
-        raise TicketServerUnavailable(
-            f"{self}: the tables of {', '.join(lane.label for lane in lanes[:3])} went away "
-            "under every attempt to use them; try again"
-        )
-
-    def _ensure(self, lanes: Sequence[Lane]) -> None:
-        """The sequences' state rows (and the tables) exist: made on first use, race-free."""
-        if self.create_missing and not self._created:
-            # Once per process, even where the tier's tables exist: its stamp table, or the
-            # columns of a newer release, may not (tables made by an older release, or by a
-            # migration).
-            create_tables(self.own, self.names)
-            self._created = True
-        elif not self._created:
-            self._check_columns()
-        keys = [lane.key for lane in lanes]
-        for attempt in (1, 2):
-            try:
-                self._run(lambda conn: self.store.seed(conn, keys))
-                for lane in lanes:
-                    lane.ready = True
-                return
-            except MissingTables:
-                if attempt == 2:
-                    raise TicketServerUnavailable(
-                        f"{self}: the tier's tables went away right after they were created"
-                    ) from None
-            if not self.create_missing:
-                raise UnknownSequenceError(
-                    f"no datacenter tier tables ({self.names.stock}, {self.names.state}) on "
-                    f"{self.url.render_as_string()}; create them with `sqlalchemy-tickets init` "
-                    "or create_datacenter_tables()"
-                )
-            create_tables(self.own, self.names)
-
-    def _check_columns(self) -> None:
-        """Refuse, with what to run, tables an older release made (``create_missing=False``
-        leaves upgrading them to the operator)."""
-        if has_columns(self.own, self.store.state):
-            self._created = True
-            return
-        try:
-            missing = self._run(
-                lambda conn: [c for c, _ in self.backend.missing_columns(conn, self.store.state)],
-                transaction=False,
-            )
-        except (MissingTables, sa_exc.NoSuchTableError):
-            return  # no tables: the seed says so
-        if missing:
-            raise UnknownSequenceError(older_release(self.own, self.names))
-        self._created = True
-
     # -- internals: taking ids ---------------------------------------------------------------
 
-    def _take(self, lane: Lane, count: int) -> tuple[range | None, bool]:
+    def _take(self, lane: TierLane, count: int) -> tuple[range | None, bool]:
         """Up to ``count`` ids from the stock: the block (``None``: the stock is empty) and
         whether upstream said the sequence is exhausted."""
         for _ in range(_TAKE_ATTEMPTS):
-            guard = self._guard
-            taken = self._transaction(
-                [lane], functools.partial(self._take_one, lane.key, count, guard),
+            guard = self.db.guard
+            taken: Taken | None = self.db.transaction(
+                [lane], functools.partial(self.store.take, key=lane.key, count=count,
+                                          guard=guard),
                 transaction=False,
             )
             if taken is None:
                 # Why not: a new head to make from the stock, a moved database, or none left.
-                taken, again, exhausted = self._transaction(
+                taken, again, exhausted = self.db.transaction(
                     [lane], lambda conn: self._next_head(conn, lane, count)
                 )
                 if taken is None:
@@ -825,94 +630,70 @@ class DatacenterTier:
             "takes; try again"
         )
 
-    def _take_one(
-        self, key: Key, count: int, guard: tuple[Any, ...] | None, conn: sa.Connection
-    ) -> Taken | None:
-        return self.store.take(conn, key, count, guard)
-
     def _next_head(
-        self, conn: sa.Connection, lane: Lane, count: int
+        self, conn: sa.Connection, lane: TierLane, count: int
     ) -> tuple[Taken | None, bool, bool]:
         """The take found no ids in the head (in a transaction): make the next queued range
         the head. Returns ``(ids taken here, take again, exhausted)``."""
         state = self.store.lock(conn, [lane.key]).get(lane.key)
         if state is None:
             raise NoState
-        if self._guard is not None and state.guard != self._guard:
+        if self.db.guard is not None and state.guard != self.db.guard:
             raise Moved  # restored or failed over since the last check: nothing taken
         if state.head:
             return None, True, False  # another process made one already
-        nxt = self.store.first_queued(conn, lane.key)
-        if nxt is None:
+        first = self.store.first_queued(conn, lane.key)
+        if first is None:
             if state.stock != 0:
                 # The count disagrees with the rows (tables edited by hand): the rows win.
                 state.stock = 0
                 self.store.write(conn, [state])
             return None, False, bool(state.exhausted)
-        self.store.remove(conn, [nxt])
-        head, rest = headable(nxt.ids)
-        taken = None
-        if head:
-            state.set_head(head, nxt.kind)
-        else:
-            # The last ids of the 64-bit space: handed out from here, never from a head.
-            block, rest = rest[:count], rest[count:]
-            state.stock -= len(block)
-            state.issued += len(block)
-            taken = Taken(block, state.stock, state.rate, state.rate_at, False, state.now)
-        if rest:
-            self.store.add(conn, [Queued(lane.key, nxt.kind, rest)])
+        block, moves = next_head(state, first, count)
+        self.store.remove(conn, moves.gone)
+        self.store.add(conn, moves.added)
         self.store.write(conn, [state])
-        return taken, taken is None, False
+        if not block:
+            return None, True, False  # a head now: take from it
+        return Taken(block, state.stock, state.rate, state.rate_at, False, state.now), False, False
 
     def _take_many(
-        self, conn: sa.Connection, takes: list[tuple[Lane, int]]
+        self, conn: sa.Connection, takes: list[tuple[TierLane, int]]
     ) -> list[range | None]:
         """A block from the stock of each lane, in one transaction (``None``: empty)."""
-        wanted = takes
-        states = self.store.lock(conn, {lane.key for lane, _ in wanted})
-        if len(states) < len({lane.key for lane, _ in wanted}):
+        keys = {lane.key for lane, _ in takes}
+        states = self.store.lock(conn, keys)
+        if len(states) < len(keys):
             raise NoState
         for state in states.values():
-            if self._guard is not None and state.guard != self._guard:
+            if self.db.guard is not None and state.guard != self.db.guard:
                 raise Moved
         empty = [key for key, state in states.items() if not state.head and state.stock > 0]
         firsts = {key: self.store.first_queued(conn, key) for key in empty}
-        gone: list[Queued] = []
-        add: list[Queued] = []
+        moves = Moves()
         out: list[range | None] = []
-        for lane, count in wanted:
+        for lane, count in takes:
             state = states[lane.key]
             if not state.head:
-                nxt = firsts.pop(lane.key, None)
-                if nxt is not None:
-                    gone.append(nxt)
-                    head, rest = headable(nxt.ids)
-                    if head:
-                        state.set_head(head, nxt.kind)
-                    if rest:
-                        add.append(Queued(lane.key, nxt.kind, rest))
-                    if not head:  # the last ids of the space: next time, from the stock
-                        out.append(None)
-                        continue
-            block = state.head[:count]
-            state.set_head(state.head[len(block):], state.head_kind)
-            state.stock -= len(block)
-            state.issued += len(block)
+                moves += promote(state, firsts.pop(lane.key, None))
+                if not state.head:  # none, or the last ids of the space: from the stock
+                    out.append(None)
+                    continue
+            block = take_from_head(state, count)
             out.append(block or None)
             with lane.lock:
                 lane.round_trips += 1
                 lane.issued += len(block)
-        self.store.remove(conn, gone)
-        self.store.add(conn, add)
+        self.store.remove(conn, moves.gone)
+        self.store.add(conn, moves.added)
         self.store.write(conn, states.values())
-        for lane, _ in wanted:
+        for lane, _ in takes:
             state = states[lane.key]
             self._look_after(lane, Taken(range(0), state.stock, state.rate, state.rate_at,
                                          bool(state.exhausted), state.now))
         return out
 
-    def _look_after(self, lane: Lane, taken: Taken | None) -> None:
+    def _look_after(self, lane: TierLane, taken: Taken | None) -> None:
         """After a take: have the refill threads look at the stock when it is low, or when the
         shared rate is due a sample."""
         if self._closed.is_set():
@@ -920,107 +701,13 @@ class DatacenterTier:
         if taken is None:
             self._refiller.wake(lane, runway=0.0)
             return
-        low = max(1, int(self._target(taken.rate, lane.bits) * self.low_water))
+        low = self.sizing.low(taken.rate, lane.bits)
         if taken.stock < low or taken.now - taken.rate_at >= RATE_INTERVAL_MS:
             self._refiller.wake(lane, runway=runway(taken.stock, taken.rate))
-
-    def _peek(self, lane: Lane) -> bool:
-        """Whether the stock holds ids (or upstream is exhausted), by a plain read."""
-        try:
-            row = self.own.run(lambda conn: self.store.look(conn, lane.key))
-        except (sa_exc.DBAPIError, DatabaseUnavailable):
-            return True  # the take says what is wrong
-        return row is None or row.stock > 0 or bool(row.exhausted)
-
-    def _budget(self, bits: int) -> int:
-        budget = self.waste_budget
-        if budget is None:
-            return max(self.min_block, min(DEFAULT_WASTE_BUDGET, max_id(bits) // 1000))
-        if isinstance(budget, float):
-            return max(self.min_block, int(max_id(bits) * budget))
-        return budget
-
-    def _target(self, rate: float, bits: int) -> int:
-        """The stock aimed at: ``supply`` seconds at the shared rate, within the bounds."""
-        return max(self.min_block, min(self._budget(bits), math.ceil(rate * self.supply)))
-
-    # -- internals: rewinds -------------------------------------------------------------------
-
-    def _verify_identity(self) -> None:
-        """Check the tier database's identity; if it changed (restored, failed over), discard
-        the stock once, whichever process sees it first, and record the new identity."""
-        name = self.names.state
-        pseudo = TicketTable(None, 64, name)  # the stamp of the tier is keyed by its state table
-
-        def check(conn: sa.Connection) -> tuple[Identity, Identity | None, tuple[Any, ...],
-                                                 int | None] | None:
-            cursor = conn.connection.cursor()
-            try:
-                live = self.backend.identity(cursor, self.own.engine.dialect, pseudo)
-            finally:
-                cursor.close()
-            if live is None:
-                return None  # the tables are not there yet
-            columns = self.store.guard_columns
-            guard = tuple(conn.execute(sa.select(*columns)).one()) if columns else ()
-            stored = self.backend.read_stamp(conn, pseudo)
-            reference = self._identity or stored
-            discarded = None
-            if reference is None:
-                self.backend.record_stamp(conn, pseudo, live, None)
-            elif live.same(reference) or live.promoted_from(reference):
-                if stored is None or not stored.same(live):
-                    self.backend.record_stamp(conn, pseudo, live, None)
-            elif stored is not None and stored.same(live):
-                pass  # another process saw it first and discarded the stock
-            else:
-                discarded = self.store.discard_everything(conn)
-                self.backend.record_stamp(conn, pseudo, live, None)
-            return live, reference, guard, discarded
-
-        try:
-            checked = self._run(check)
-        except MissingTables as error:
-            # The tables are not there yet, or the stamp table is missing: made now (check
-            # again next time), or out of this client's reach (reported once).
-            self.stamps.out_of_reach(error.__cause__ or error)
-            logger.debug("%s: identity check failed: %s", self, error.__cause__)
-            return
-        except (sa_exc.DBAPIError, DatabaseUnavailable) as error:
-            logger.debug("%s: identity check failed: %s", self, error)
-            return
-        if checked is None:
-            return
-        live, reference, guard, discarded = checked
-        if discarded is not None:
-            self._rewinds += 1
-            logger.warning(
-                "%s: the datacenter database went back in time (its identity changed from %s "
-                "to %s: restored, or a replica promoted): discarded its stock (%d ids, some "
-                "possibly issued already) and refills from upstream: no id is issued twice",
-                self, reference, live, discarded,
-            )
-            for lane in self._distinct_lanes():
-                self._refiller.wake(lane, runway=0.0)
-        self._identity, self._guard = live, guard
-        self._checked = time.monotonic()
-        self._checked_epoch = self._epoch
-
-
-def _after_fork_in_child() -> None:
-    global _tiers_lock
-    _tiers_lock = threading.Lock()
-    for tier in list(_tiers):
-        tier._after_fork_in_child()
-
-
-_process.after_fork_in_child(_after_fork_in_child)
 
 
 @_process.at_exit
 def _close_all() -> None:
     # Caches closed after this still give their ids back: a closed tier takes them.
-    with _tiers_lock:
-        tiers = list(_tiers)
-    for tier in tiers:
+    for tier in _process.tracked(DatacenterTier):
         tier.close()

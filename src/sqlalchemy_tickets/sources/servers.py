@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import URL, Engine
 
+from .._backoff import Backoff
 from .._deprecation import deprecated_alias
 from .._naming import TicketTable, ticket_table
 from ..errors import ExhaustedError, TicketsError, TicketServerUnavailable
@@ -72,8 +73,7 @@ class TicketServers:
             joined.server.start_above = self._highest_elsewhere_many
             joined.server.floors.append(_peers_floor(this, joined.server))
             joined.server.after_heal.append(_raise_peers(this, joined.server))
-        self._backoff = backoff
-        self._max_backoff = max_backoff
+        self._pauses = Backoff(backoff, max_backoff)
         self._clock = clock
         self._lock = threading.Lock()
         self._next = 0
@@ -320,7 +320,7 @@ class TicketServers:
     def _failed(self, member: _Member, error: Exception) -> None:
         with self._lock:
             member.failures += 1
-            pause = min(self._max_backoff, self._backoff * 2 ** (member.failures - 1))
+            pause = self._pauses.pause(member.failures)
             member.down_until = self._clock() + pause
             member.last_error = str(error)
         logger.warning("%s skipped for %.1f s: %s", member.server, pause, error)
