@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         TicketServer,
         TicketServers,
         TicketSource,
+        ZooKeeperSource,
         configure,
     )
     from .timeouts import apply_timeouts
@@ -54,6 +55,7 @@ _LAZY = {
     "TicketServer": ".sources",
     "TicketServers": ".sources",
     "TicketSource": ".sources",
+    "ZooKeeperSource": ".sources",
     "configure": ".sources",
     "apply_timeouts": ".timeouts",
 }
@@ -104,6 +106,7 @@ __all__ = [
     "TicketSource",
     "TicketsError",
     "UnknownSequenceError",
+    "ZooKeeperSource",
     "__version__",
     "apply_timeouts",
     "async_lookup",
