@@ -102,7 +102,7 @@ class Member:
             f"tickTime={TICK_MS}\ninitLimit=25\nsyncLimit=5\n"
             f"dataDir={self.data}\nclientPort={self.client_port}\n"
             "clientPortAddress=127.0.0.1\nadmin.enableServer=false\n"
-            "4lw.commands.whitelist=srvr,ruok,stat,mntr\n"
+            "4lw.commands.whitelist=srvr,ruok,stat,mntr,dump,cons\n"
             f"minSessionTimeout={2 * TICK_MS}\nmaxSessionTimeout=60000\n"
             "preAllocSize=1024\nsnapCount=1000\nautopurge.snapRetainCount=3\n"
             "electionPortBindRetry=10\n" + servers

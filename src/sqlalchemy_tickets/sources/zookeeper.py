@@ -28,7 +28,6 @@ session (never closes it: that is the parent's) and opens its own.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import re
@@ -268,7 +267,7 @@ class ZooKeeperSource:
         self.rewind_margin = _rewind.check_margin(rewind_margin)
         self._kazoo = _kazoo()  # no kazoo, no source: the error names the extra
         self._client: KazooClient | None = None
-        self._live = threading.Event()
+        self._session = _Session()
         self._reset_state()
         _process.track(self)
         _sources.add(self)
@@ -282,6 +281,7 @@ class ZooKeeperSource:
         self._rewinds = 0
         self._retries = 0
         self._sessions = 0
+        self._lost = 0
 
     def __repr__(self) -> str:
         return f"ZooKeeperSource({self.url!r})"
@@ -384,9 +384,11 @@ class ZooKeeperSource:
         """Counters of this source: ``issued`` ids, ``round_trips`` (requests answered),
         ``conflicts`` (writes lost to another client, made again), ``retries`` (attempts made
         again after a lost connection or session), ``rewinds`` (healed or refused),
-        ``sessions`` (ZooKeeper sessions opened)."""
+        ``sessions`` (clients started), ``sessions_lost`` (sessions that expired: kazoo
+        opened a new one)."""
         with self._lock:
             return {
+                "sessions_lost": self._lost + self._session.lost,
                 "issued": self._issued,
                 "round_trips": self._round_trips,
                 "conflicts": self._conflicts,
@@ -399,7 +401,8 @@ class ZooKeeperSource:
         """End the ZooKeeper session (a later call opens a new one)."""
         with self._lock:
             client, self._client = self._client, None
-            self._live = threading.Event()
+            self._lost += self._session.lost
+            self._session = _Session()
         if client is not None:
             try:
                 client.stop()
@@ -491,12 +494,12 @@ class ZooKeeperSource:
                     connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 2,
                                       "max_delay": 1.0, "max_jitter": 0.05},
                 )
-                live = threading.Event()
-                client.add_listener(functools.partial(_follow, live))
-                self._client, self._live = client, live
+                session = _Session()
+                client.add_listener(session)
+                self._client, self._session = client, session
                 self._sessions += 1
                 client.start_async()
-            live = self._live
+            live = self._session.live
         if not live.is_set() and not live.wait(max(0.0, deadline - time.monotonic())):
             raise self._unavailable("no server of the ensemble accepted a session")
         return client
@@ -702,6 +705,12 @@ class ZooKeeperSource:
             self._retry(error, deadline)
             return None
 
+    @property
+    def session_id(self) -> int | None:
+        """The ZooKeeper session this source is on now (``None``: none yet)."""
+        client = self._client
+        return None if client is None or client.client_id is None else client.client_id[0]
+
     # -- process lifecycle --------------------------------------------------------------------
 
     def _after_fork_in_child(self) -> None:
@@ -709,15 +718,25 @@ class ZooKeeperSource:
         # word to the ensemble (closing would end the parent's session). What this process
         # knows of the nodes (marks issued, identities) holds in the child too.
         self._client = None
+        self._session = _Session()
         self._lock = threading.Lock()
 
 
-def _follow(live: threading.Event, state: str) -> None:
-    """A kazoo state listener (on kazoo's thread): ``live`` is set while connected."""
-    if state == "CONNECTED":
-        live.set()
-    else:  # SUSPENDED (connection lost, the session may live on), LOST (session expired)
-        live.clear()
+class _Session:
+    """A kazoo state listener (called on kazoo's thread): ``live`` is set while connected;
+    ``lost`` counts sessions that expired (kazoo then opens a new one by itself)."""
+
+    def __init__(self) -> None:
+        self.live = threading.Event()
+        self.lost = 0
+
+    def __call__(self, state: str) -> None:
+        if state == "CONNECTED":
+            self.live.set()
+        else:  # SUSPENDED (connection lost, the session may live on), LOST (expired)
+            self.live.clear()
+            if state == "LOST":
+                self.lost += 1
 
 
 def _close_all() -> None:

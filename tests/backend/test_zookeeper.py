@@ -1,0 +1,289 @@
+"""ZooKeeperSource on a real 3-server ensemble: the source protocol, exhaustion, names, many
+processes at once, URLs, the tiers above it, and what a user without kazoo sees."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from sqlalchemy_tickets import (
+    CachedSource,
+    DatacenterTier,
+    ExhaustedError,
+    TicketsError,
+    UnknownSequenceError,
+    ZooKeeperSource,
+    configure,
+)
+from sqlalchemy_tickets.sources.base import KeepsAbove, Prepares, TicketSource
+from sqlalchemy_tickets.sources.default import configured_source
+from support.processes import SPAWN, run_processes
+from support.zookeeper import Ensemble
+
+MAX64 = 2**63 - 1
+MAX32 = 2**31 - 1
+
+
+@pytest.fixture
+def source(zookeeper: Ensemble, zk_path: str) -> Iterator[ZooKeeperSource]:
+    made = ZooKeeperSource(zookeeper.hosts, path=zk_path)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def observer(zookeeper: Ensemble) -> Iterator[KazooClient]:
+    """A plain kazoo client: what the ensemble holds, read beside the source under test."""
+    client = KazooClient(hosts=zookeeper.hosts, timeout=10)
+    client.start(30)
+    yield client
+    client.stop()
+    client.close()
+
+
+def _mark(observer: KazooClient, path: str) -> int:
+    data, _ = observer.get(path)
+    return int(json.loads(data)["last"])
+
+
+def test_blocks_are_exact_increasing_and_written_before_they_are_returned(
+    source: ZooKeeperSource, observer: KazooClient, zk_path: str
+) -> None:
+    assert isinstance(source, TicketSource) and isinstance(source, KeepsAbove)
+    assert isinstance(source, Prepares)
+    first = source.next_block("Photos", 10)
+    assert first == range(1, 11)
+    assert source.next_id("photos") == 11
+    assert source.next_block("PHOTOS", 5) == range(12, 17)
+    # The mark in the ensemble covers every id returned.
+    assert _mark(observer, f"{zk_path}/photos-64") == 16
+    stats = source.stats()
+    assert stats["issued"] == 16 and stats["rewinds"] == 0
+    assert stats["round_trips"] >= 6  # a read and a write per block, at least
+
+
+def test_32_and_64_bit_sequences_of_one_name_are_separate_id_spaces(
+    source: ZooKeeperSource, observer: KazooClient, zk_path: str
+) -> None:
+    assert source.next_block("users", 3, bits=64) == range(1, 4)
+    assert source.next_block("users", 2, bits=32) == range(1, 3)
+    assert source.next_id(None) == 1  # Flickr-style default sequence: a node of its own
+    assert source.next_id(None, bits=32) == 1
+    assert sorted(observer.get_children(zk_path)) == [
+        "Tickets32", "Tickets64", "users-32", "users-64"]
+    assert source.sequences() == [(None, 32), (None, 64), ("users", 32), ("users", 64)]
+
+
+@pytest.mark.parametrize("bad", ["", "1abc", "a-b", "x" * 41, "a b", "ok;drop"])
+def test_invalid_names_bits_and_counts_are_refused_before_any_write(
+    source: ZooKeeperSource, observer: KazooClient, zk_path: str, bad: str
+) -> None:
+    with pytest.raises(TicketsError, match="invalid sequence name"):
+        source.next_block(bad, 1)
+    with pytest.raises(TicketsError, match="bits must be 32 or 64"):
+        source.next_block("ok", 1, bits=16)
+    for count in (0, -1, 1.5, True):
+        with pytest.raises(TicketsError, match="count must be a positive integer"):
+            source.next_block("ok", count)  # type: ignore[arg-type]
+    assert not observer.exists(zk_path)
+
+
+def test_exhaustion_comes_before_any_id_past_the_bit_width(
+    source: ZooKeeperSource, observer: KazooClient, zk_path: str
+) -> None:
+    assert source.create("small", bits=32, start=MAX32 - 9)
+    with pytest.raises(ExhaustedError) as raised:
+        source.next_block("small", 11, bits=32)
+    assert raised.value.remaining == 10
+    assert _mark(observer, f"{zk_path}/small-32") == MAX32 - 10  # nothing written
+    assert source.next_block("small", 10, bits=32) == range(MAX32 - 9, MAX32 + 1)
+    with pytest.raises(ExhaustedError) as raised:
+        source.next_id("small", bits=32)
+    assert raised.value.remaining == 0
+    with pytest.raises(ExhaustedError):
+        source.next_block("big", MAX64 + 1)
+    assert source.create("big", start=MAX64)
+    assert source.next_id("big") == MAX64
+    with pytest.raises(ExhaustedError):
+        source.next_id("big")
+
+
+def test_create_missing_false_and_an_existing_sequence(
+    zookeeper: Ensemble, zk_path: str, observer: KazooClient
+) -> None:
+    strict = ZooKeeperSource(zookeeper.hosts, path=zk_path, create_missing=False)
+    try:
+        with pytest.raises(UnknownSequenceError, match="sqlalchemy-tickets init"):
+            strict.next_id("orders")
+        assert not observer.exists(f"{zk_path}/orders-64")
+        assert strict.create("orders", start=500) is True
+        assert strict.create("Orders", start=7) is False  # left as it is
+        assert strict.next_id("orders") == 500
+    finally:
+        strict.close()
+
+
+def test_a_node_that_is_not_ours_is_refused(
+    source: ZooKeeperSource, observer: KazooClient, zk_path: str
+) -> None:
+    observer.create(f"{zk_path}/foreign-64", b"hello", makepath=True)
+    with pytest.raises(TicketsError, match="does not hold a sqlalchemy-tickets mark"):
+        source.next_id("foreign")
+    assert observer.get(f"{zk_path}/foreign-64")[0] == b"hello"
+
+
+def test_ensure_above_moves_a_sequence_below_ids_in_use_once(
+    source: ZooKeeperSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    source.next_block("moved", 10)
+    with caplog.at_level(logging.WARNING, logger="sqlalchemy_tickets"):
+        assert source.ensure_above("moved", 5) is False
+        assert source.ensure_above("moved", 5_000) is True
+        assert source.ensure_above("moved", 5_000) is False
+    assert source.next_id("moved") == 5_000 + 1_000_000 + 1
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "went back in time" in warnings[0].getMessage()
+    assert source.stats()["rewinds"] == 1
+
+
+def test_ensure_above_refused_under_on_rewind_refuse(
+    zookeeper: Ensemble, zk_path: str
+) -> None:
+    strict = ZooKeeperSource(zookeeper.hosts, path=zk_path, on_rewind="refuse")
+    try:
+        strict.next_id("r")
+        with pytest.raises(TicketsError, match=r"sqlalchemy-tickets sync --url zookeeper://"):
+            strict.ensure_above("r", 100)
+    finally:
+        strict.close()
+
+
+def test_prepare_creates_many_nodes(source: ZooKeeperSource, observer: KazooClient,
+                                    zk_path: str) -> None:
+    source.prepare([f"s{i}" for i in range(20)], bits=32)
+    assert len(observer.get_children(zk_path)) == 20
+    blocks = source.next_blocks([("s1", 3, 32), ("bad name", 1, 64), ("s2", 2, 32)])
+    assert blocks[0] == range(1, 4) and blocks[2] == range(1, 3)
+    assert isinstance(blocks[1], TicketsError)
+
+
+def _draw(hosts: str, path: str, blocks: int, barrier: Any) -> list[tuple[int, int]]:
+    source = ZooKeeperSource(hosts, path=path, timeout=30)
+    try:
+        barrier.wait(60)
+        got = []
+        for i in range(blocks):
+            block = source.next_block("shared", 1 + i % 7)
+            got.append((block.start, block.stop))
+        return got
+    finally:
+        source.close()
+
+
+def test_processes_racing_on_one_sequence_never_share_an_id(
+    zookeeper: Ensemble, zk_path: str, observer: KazooClient
+) -> None:
+    processes, blocks = 6, 40
+    barrier = SPAWN.Barrier(processes)
+    results = run_processes(
+        _draw, [(zookeeper.hosts, zk_path, blocks, barrier)] * processes, timeout=240
+    )
+    ids = [i for found in results for start, stop in found for i in range(start, stop)]
+    assert len(ids) == len(set(ids))
+    # No lost write either: every id up to the mark was issued, once.
+    assert sorted(ids) == list(range(1, _mark(observer, f"{zk_path}/shared-64") + 1))
+
+
+def test_a_forked_child_opens_its_own_session(source: ZooKeeperSource) -> None:
+    import os
+
+    source.next_id("forked")
+    parent_session = source.session_id
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            block = source.next_block("forked", 3)
+            os.write(write, json.dumps([block.start, source.session_id]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as stream:
+        start, child_session = json.loads(stream.read())
+    assert start == 2 and child_session not in (None, parent_session)
+    # The parent's session is untouched: it goes on with its own next block.
+    assert source.session_id == parent_session
+    assert source.next_id("forked") == 5
+
+
+def test_configure_takes_a_zookeeper_url(zookeeper: Ensemble, zk_path: str) -> None:
+    configure(zookeeper.url(zk_path + "?timeout=5"))
+    try:
+        cache = configured_source()
+        assert isinstance(cache, CachedSource)
+        inner = cache.source
+        assert isinstance(inner, ZooKeeperSource)
+        assert inner.path == zk_path and inner.timeout == 5.0
+        ids = [cache.next_id("configured") for _ in range(50)]
+        assert ids == sorted(set(ids))
+    finally:
+        configure(None)
+    assert inner._client is None  # the source configure() built is closed with the cache
+
+
+def test_bad_zookeeper_urls_are_refused_without_io() -> None:
+    for bad in ("zookeeper://", "zookeeper://h:99999/x", "zookeeper://h:1/x?nope=1",
+                "zookeeper://h:1/zookeeper"):
+        with pytest.raises(TicketsError, match="invalid ZooKeeper URL"):
+            configure(bad)
+    assert configured_source() is None
+
+
+def test_under_a_datacenter_tier_and_a_cache(
+    zookeeper: Ensemble, zk_path: str, make_database: Any
+) -> None:
+    upstream = ZooKeeperSource(zookeeper.hosts, path=zk_path)
+    try:
+        with DatacenterTier(make_database("sqlite"), upstream, supply=0.001,
+                            min_block=100) as tier:
+            cache = CachedSource(tier)
+            try:
+                ids = [cache.next_id("layered") for _ in range(1_000)]
+            finally:
+                cache.close()
+        assert len(set(ids)) == 1_000 and ids == sorted(ids)
+        assert upstream.stats()["issued"] >= 1_000
+    finally:
+        upstream.close()
+
+
+def test_without_kazoo_the_error_names_the_extra() -> None:
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["kazoo"] = None  # as if not installed
+        import sqlalchemy_tickets
+        from sqlalchemy_tickets import DriverNotInstalledError
+        try:
+            sqlalchemy_tickets.ZooKeeperSource("127.0.0.1:2181")
+        except DriverNotInstalledError as error:
+            print(error)
+        try:
+            sqlalchemy_tickets.configure("zookeeper://127.0.0.1:2181/x")
+        except DriverNotInstalledError as error:
+            print(error)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2
+    assert all("pip install sqlalchemy-tickets[zookeeper]" in line for line in lines)
