@@ -70,7 +70,7 @@ class SourceUrl:
 
     def build(self, **options: Any) -> AdminTarget:
         """The source it names (``options`` added to the URL's)."""
-        make: Callable[..., AdminTarget] = getattr(import_module(self.scheme.module), "from_url")
+        make: Callable[..., AdminTarget] = import_module(self.scheme.module).from_url
         return make(self.text, **options)
 
 
@@ -94,6 +94,8 @@ class AdminTarget(Protocol):
 
     url: str
     timeout: float
+
+    def next_id(self, sequence: str | None = None, *, bits: int = 64) -> int: ...
 
     def next_block(self, sequence: str | None, count: int, *, bits: int = 64) -> range: ...
 

@@ -159,7 +159,8 @@ def parse_url(text: str) -> dict[str, Any]:
         key, _, value = item.partition("=")
         try:
             if key not in _URL_OPTIONS:
-                raise ValueError(f"unknown option {key!r} (known: {', '.join(sorted(_URL_OPTIONS))})")
+                known = ", ".join(sorted(_URL_OPTIONS))
+                raise ValueError(f"unknown option {key!r} (known: {known})")
             if key in ("timeout", "session_timeout"):
                 options[key] = check_seconds(key, float(value), finite=True)
             elif key == "create_missing":
