@@ -25,6 +25,8 @@ from ..admin import (
 )
 from ..dialects import backend_for
 from ..errors import TicketsError
+from ..sources import _urls
+from ..sources._urls import SourceUrl
 from ..sources.server import TicketServer
 
 logger = logging.getLogger("sqlalchemy_tickets")
@@ -96,8 +98,14 @@ def command(
 # -- argument types and shared checks -------------------------------------------------------------
 
 
-def _url(text: str) -> URL:
-    """An argparse type: a database URL whose backend this library supports (no I/O)."""
+def _url(text: str) -> URL | SourceUrl:
+    """An argparse type: a database URL whose backend this library supports, or a URL of a
+    registered scheme (``zookeeper://h1:2181,h2:2181/path``), checked with no I/O."""
+    if _urls.scheme_of(text) is not None:
+        try:
+            return _urls.parse(text)
+        except TicketsError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
     try:
         url = make_url(text)
     except (ArgumentError, ValueError, TypeError):
@@ -174,10 +182,10 @@ def _server_arguments(sub: argparse.ArgumentParser) -> None:
                      f"$TICKETS_URL, else ./{CONFIG_FILE})")
 
 
-def resolve_urls(args: argparse.Namespace) -> list[URL]:
+def resolve_urls(args: argparse.Namespace) -> list[URL | SourceUrl]:
     """The ticket servers' URLs: ``--url``, else ``--config``, else ``$TICKETS_URL``, else
     ``./sqlalchemy-tickets.ini``. Raises :class:`_Usage` naming what is wrong (and the file)."""
-    urls: list[URL] | None = getattr(args, "urls", None)
+    urls: list[URL | SourceUrl] | None = getattr(args, "urls", None)
     config: str | None = getattr(args, "config", None)
     if urls and config:
         raise _Usage("give --url or --config, not both")
@@ -195,7 +203,7 @@ def resolve_urls(args: argparse.Namespace) -> list[URL]:
                  f"./{CONFIG_FILE}")
 
 
-def _urls_from_file(path: Path) -> list[URL]:
+def _urls_from_file(path: Path) -> list[URL | SourceUrl]:
     if not path.is_file():
         raise _Usage(f"config file {path}: no such file")
     config = configparser.ConfigParser()
@@ -214,19 +222,24 @@ def _urls_from_file(path: Path) -> list[URL]:
     return [_checked_url(text, f"in {path}") for text in texts]
 
 
-def _checked_url(text: str, where: str) -> URL:
+def _checked_url(text: str, where: str) -> URL | SourceUrl:
     try:
         return _url(text)
     except argparse.ArgumentTypeError as error:
         raise _Usage(f"{error} ({where})") from None
 
 
-def _build_servers(urls: Sequence[URL], options: dict[str, Any]) -> list[TicketServer]:
-    """One :class:`TicketServer` per URL. Building one opens no connection."""
-    built: list[TicketServer] = []
+def _build_servers(urls: Sequence[URL | SourceUrl], options: dict[str, Any]) -> list[Any]:
+    """One :class:`TicketServer` per database URL, the source a URL of a registered scheme
+    names for the others (an :class:`~sqlalchemy_tickets.sources._urls.AdminTarget`).
+    Building one opens no connection."""
+    built: list[Any] = []
     try:
         for url in urls:
-            built.append(TicketServer(url, **options))
+            if isinstance(url, SourceUrl):
+                built.append(url.build(**options))
+            else:
+                built.append(TicketServer(url, **options))
     except TicketsError:
         for server in built:
             server.close()
@@ -242,5 +255,22 @@ def _require_database(url: URL) -> None:
                            "`sqlalchemy-tickets init --url ...`)")
 
 
-def _shown(url: URL) -> str:
-    return url.render_as_string(hide_password=True)
+def _shown(url: URL | SourceUrl | str) -> str:
+    return url if isinstance(url, str) else url.render_as_string(hide_password=True)
+
+
+def foreign(urls: Sequence[URL | SourceUrl]) -> SourceUrl | None:
+    """The URL of a registered scheme among ``urls`` (``None``: all are databases); such a
+    URL names a whole source, so it comes alone (:class:`_Usage` otherwise)."""
+    found = [url for url in urls if isinstance(url, SourceUrl)]
+    if not found:
+        return None
+    if len(urls) > 1:
+        raise _Usage(f"a {found[0].scheme.name}:// URL names a source of its own: give it "
+                     "alone, not with other --url")
+    return found[0]
+
+
+def is_target(server: object) -> bool:
+    """Whether ``server`` (from ``args.servers``) is a source named by a registered URL."""
+    return not isinstance(server, TicketServer)

@@ -18,6 +18,7 @@ from ._common import (
     _build_servers,
     _require_database,
     _Usage,
+    is_target,
     resolve_urls,
 )
 
@@ -34,6 +35,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return done.code if isinstance(done.code, int) else 2
     level = logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if args.verbose < 2:
+        # kazoo (zookeeper:// URLs) logs each lost connection as a WARNING; a failure is
+        # reported once, in the command's own line (-vv shows kazoo's).
+        logging.getLogger("kazoo").setLevel(logging.CRITICAL)
     cmd = COMMANDS[args.command]
     args.servers = []
     try:
@@ -48,7 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _fail(error, 2)
         if cmd.existing:
             for server in args.servers:
-                _require_database(server.url)
+                if not is_target(server):  # a source named by a URL creates nothing
+                    _require_database(server.url)
         return int(cmd.run(args))
     except BrokenPipeError:
         # The reader (e.g. `| head`) went away: nothing left to say, and nowhere to say it.

@@ -17,6 +17,7 @@ from ..errors import TicketsError, UnknownSequenceError
 from ..sources.datacenter import create_datacenter_tables
 from ..sources.lease import create_lease_table
 from ..sources.server import TicketServer
+from . import _sources
 from ._common import (
     DEMO_FILE,
     _int_between,
@@ -26,6 +27,8 @@ from ._common import (
     _tier_prefix_argument,
     _Usage,
     command,
+    foreign,
+    is_target,
     resolve_urls,
 )
 
@@ -75,6 +78,10 @@ def _init_check(args: argparse.Namespace) -> None:
     urls = resolve_urls(args)
     if args.from_file is not None:
         args.sequences = [*args.sequences, *_sequences_from_file(args.from_file)]
+    source_url = foreign(urls)
+    if source_url is not None:  # zookeeper://...: sequences only
+        _sources.check_init(args, source_url)
+        return
     n = len(urls)
     increment = args.increment if args.increment is not None else n
     if increment < n:
@@ -139,6 +146,8 @@ def _unique(names: Iterable[str]) -> list[str]:
 @command("init", "create ticket tables (with several --url: server i gets increment N, "
          "offset i)", _init_arguments, check=_init_check, servers={})
 def _init(args: argparse.Namespace) -> int:
+    if any(is_target(server) for server in args.servers):
+        return _sources.run_init(args)
     servers: list[TicketServer] = args.servers
     alone = args.worker_leases or args.datacenter_tier  # no sequence named: only those tables
     names: list[str | None] = [*_unique(args.sequences)] or ([] if alone else [None])

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Iterable
 
 from ..errors import TicketsError
+from ..sources.base import TicketSource
 from ..sources.server import TicketServer
 from ..sources.servers import TicketServers
 from ._common import (
@@ -16,6 +17,8 @@ from ._common import (
     _sequence,
     _server_arguments,
     command,
+    foreign,
+    resolve_urls,
 )
 
 # -- next ---------------------------------------------------------------------------------------
@@ -30,13 +33,16 @@ def _next_arguments(sub: argparse.ArgumentParser) -> None:
                      help=f"how many ids, 1 to {MAX_COUNT:,} (default 1)")
 
 
+def _next_check(args: argparse.Namespace) -> None:
+    foreign(resolve_urls(args))  # a zookeeper:// URL comes alone
+
+
 @command("next", "print ids, one per line, as they arrive", _next_arguments,
-         servers={"create_missing": False}, existing=True)
+         check=_next_check, servers={"create_missing": False}, existing=True)
 def _next(args: argparse.Namespace) -> int:
     servers: list[TicketServer] = args.servers
-    source: TicketServer | TicketServers = (
-        servers[0] if len(servers) == 1 else TicketServers(servers)
-    )
+    # One server, or the source a registered URL names (zookeeper://...), is used as it is.
+    source: TicketSource = servers[0] if len(servers) == 1 else TicketServers(servers)
     out = sys.stdout
     for block in _blocks(source, args.sequence, args.count, args.bits):
         out.write("".join(f"{i}\n" for i in block))
@@ -44,9 +50,7 @@ def _next(args: argparse.Namespace) -> int:
     return 0
 
 
-def _blocks(
-    source: TicketServer | TicketServers, sequence: str | None, count: int, bits: int
-) -> Iterable[range]:
+def _blocks(source: TicketSource, sequence: str | None, count: int, bits: int) -> Iterable[range]:
     """``count`` ids of ``sequence`` in blocks of at most :data:`BLOCK`, each drawn when the
     previous one has been printed: ids are never all held at once."""
     left = count

@@ -21,8 +21,10 @@ from ..admin import (
     server_health,
 )
 from ..errors import TicketsError, UnknownSequenceError
+from ..sources._urls import SourceUrl
 from ..sources.datacenter import TierStatus, describe_datacenter
 from ..sources.server import TicketServer
+from . import _sources
 from ._common import (
     _build_servers,
     _server_arguments,
@@ -30,6 +32,7 @@ from ._common import (
     _tier_prefix_argument,
     _url,
     command,
+    is_target,
 )
 
 # -- status -------------------------------------------------------------------------------------
@@ -70,6 +73,8 @@ def _float_between(low: float, high: float) -> Callable[[str], float]:
          "each datacenter tier's stock, rate and runway; the upstream's health",
          _status_arguments, servers={"create_missing": False}, existing=True)
 def _status(args: argparse.Namespace) -> int:
+    if any(is_target(server) for server in args.servers):
+        return _sources.run_status(args, _table)
     servers: list[TicketServer] = args.servers
     tables = {id(server): bool(sequences(server)) for server in servers}
     tiers = {id(server): _tier_status(server, args.tier_prefix) for server in servers}
@@ -131,10 +136,14 @@ def _tier_status(server: TicketServer, prefix: str) -> list[TierStatus] | None:
         return None
 
 
-def _upstream_health(urls: Sequence[URL]) -> list[ServerHealth]:
-    """Each ``--upstream`` server asked, on a :class:`TicketServer` that creates nothing."""
+def _upstream_health(urls: Sequence[URL | SourceUrl]) -> list[ServerHealth]:
+    """Each ``--upstream`` server asked, on a :class:`TicketServer` that creates nothing (a
+    source a registered URL names, such as ``zookeeper://``, asked for its sequences)."""
     if not urls:
         return []
+    if any(isinstance(url, SourceUrl) for url in urls):
+        return [_sources.health(url) if isinstance(url, SourceUrl)
+                else _upstream_health([url])[0] for url in urls]
     upstream = _build_servers(urls, {"create_missing": False})
     try:
         return server_health(upstream)

@@ -14,7 +14,9 @@ from ..admin import (
     table_max,
 )
 from ..errors import TicketsError
+from ..sources._urls import SourceUrl
 from ..sources.server import TicketServer
+from . import _sources
 from ._common import (
     _identifier,
     _int_between,
@@ -25,6 +27,9 @@ from ._common import (
     _url,
     _Usage,
     command,
+    foreign,
+    is_target,
+    resolve_urls,
 )
 
 # -- sync ---------------------------------------------------------------------------------------
@@ -60,6 +65,10 @@ def _sync_check(args: argparse.Namespace) -> None:
         raise _Usage("name sequences or give --flickr, not both")
     if args.source_url is not None and not args.flickr and len(args.sequences) != 1:
         raise _Usage("with --from, name the one sequence to move (or --flickr)")
+    if isinstance(args.source_url, SourceUrl):
+        raise _Usage("--from takes the database holding the application table, not "
+                     f"{args.source_url.scheme.name}://")
+    foreign(resolve_urls(args))  # a zookeeper:// URL comes alone
 
 
 @command("sync", "move sequences above N (--above) or above max(id) of a table (--from): "
@@ -75,6 +84,8 @@ def _sync(args: argparse.Namespace) -> int:
     else:
         floor = args.above
         why = f"--above {floor}"
+    if any(is_target(server) for server in servers):
+        return _sources.run_sync(args, floor, why)
     for server in servers:
         if args.flickr:
             targets = [ticket_table(None, args.bits)]
@@ -101,8 +112,15 @@ def _restride_arguments(sub: argparse.ArgumentParser) -> None:
                      help="sequences to restride (default: every named sequence)")
 
 
+def _restride_check(args: argparse.Namespace) -> None:
+    found = foreign(resolve_urls(args))
+    if found is not None:
+        raise _Usage(f"restride is for ticket databases; a {found.scheme.name}:// source has "
+                     "no strides")
+
+
 @command("restride", "give N servers (the new, full list, in order) the strides 1..N of N",
-         _restride_arguments, servers={})
+         _restride_arguments, check=_restride_check, servers={})
 def _restride(args: argparse.Namespace) -> int:
     servers: list[TicketServer] = args.servers
     highest = restride(servers, args.sequences or None)
