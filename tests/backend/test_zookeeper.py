@@ -23,7 +23,7 @@ from sqlalchemy_tickets import (
     ZooKeeperSource,
     configure,
 )
-from sqlalchemy_tickets.sources.base import KeepsAbove, Prepares, TicketSource
+from sqlalchemy_tickets.sources.base import GivesBack, KeepsAbove, Prepares, TicketSource
 from sqlalchemy_tickets.sources.default import configured_source
 from support.processes import SPAWN, run_processes
 from support.zookeeper import Ensemble
@@ -173,6 +173,51 @@ def test_prepare_creates_many_nodes(source: ZooKeeperSource, observer: KazooClie
     blocks = source.next_blocks([("s1", 3, 32), ("bad name", 1, 64), ("s2", 2, 32)])
     assert blocks[0] == range(1, 4) and blocks[2] == range(1, 3)
     assert isinstance(blocks[1], TicketsError)
+
+
+def test_give_back_takes_the_end_of_the_latest_block_while_nobody_wrote_since(
+    source: ZooKeeperSource, zookeeper: Ensemble, zk_path: str
+) -> None:
+    assert isinstance(source, GivesBack)
+    source.next_block("gb", 10)
+    assert source.next_block("gb", 10) == range(11, 21)
+    assert source.give_back("gb", range(5, 8)) == 0  # not the end of the latest block
+    assert source.give_back("gb", range(16, 21)) == 5
+    assert source.next_block("gb", 3) == range(16, 19)  # issued again, not a rewind
+    other = ZooKeeperSource(zookeeper.hosts, path=zk_path)
+    try:
+        assert other.next_block("gb", 2) == range(19, 21)
+        assert source.give_back("gb", range(16, 19)) == 0  # written since by another client
+    finally:
+        other.close()
+    assert source.stats()["rewinds"] == 0
+    # A cache over it closes without burning: what it holds ends with its latest block.
+    cache = CachedSource(source)
+    cache.next_id("gb")
+    assert cache.close() == 0
+
+
+def test_next_blocks_pipelined_by_racing_threads(source: ZooKeeperSource) -> None:
+    import threading
+
+    names = [f"p{i}" for i in range(6)]
+    found: list[list[range | TicketsError]] = []
+
+    def batches() -> None:
+        for _ in range(15):
+            found.append(source.next_blocks([(name, 4, 64) for name in names]))
+
+    threads = [threading.Thread(target=batches) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(found) == 45
+    for k, name in enumerate(names):
+        blocks = [batch[k] for batch in found]
+        assert all(isinstance(b, range) and len(b) == 4 for b in blocks), name
+        ids = sorted(i for b in blocks for i in b)  # type: ignore[union-attr]
+        assert ids == list(range(1, 45 * 4 + 1)), name
 
 
 def _draw(hosts: str, path: str, blocks: int, barrier: Any) -> list[tuple[int, int]]:

@@ -30,18 +30,16 @@ from __future__ import annotations
 
 import json
 import logging
-import re
+import random
 import threading
 import time
 import weakref
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import _process
-from .._naming import TicketTable, check_bits, check_seconds, max_id, normalize_sequence
+from .._naming import TicketTable, check_seconds, max_id, normalize_sequence
 from ..errors import (
-    DriverNotInstalledError,
     ExhaustedError,
     TicketsError,
     TicketServerUnavailable,
@@ -49,7 +47,19 @@ from ..errors import (
 )
 from . import _rewind
 from ._rewind import DEFAULT_REWIND_MARGIN, RewindPolicy
-from .base import Request, check_count
+from ._zookeeper_parts import (
+    DEFAULT_PATH,
+    NodeInfo,
+    _document,
+    _kazoo,
+    _Node,
+    _Session,
+    check_path,
+    node_name,
+    parse_node_name,
+    parse_url,
+)
+from .base import Request, check_count, check_ids
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
@@ -66,160 +76,15 @@ __all__ = [
 
 logger = logging.getLogger("sqlalchemy_tickets")
 
-#: Where sequences live unless ``path`` says otherwise.
-DEFAULT_PATH = "/sqlalchemy-tickets"
-#: The extra that brings kazoo.
-EXTRA = "pip install sqlalchemy-tickets[zookeeper]"
-#: Version of the node's JSON document.
-FORMAT = 1
 #: Pause between attempts while no server answers (the call's ``timeout`` bounds them all).
 _PAUSE = 0.05
 
 _sources: weakref.WeakSet[ZooKeeperSource] = weakref.WeakSet()
 
 
-def _kazoo() -> Any:
-    """The kazoo modules this source uses, or :class:`DriverNotInstalledError` naming the extra."""
-    try:
-        import kazoo.exceptions
-        from kazoo.client import KazooClient
-        from kazoo.handlers.threading import KazooTimeoutError
-    except ImportError:
-        raise DriverNotInstalledError(
-            f"ZooKeeperSource needs kazoo, the ZooKeeper client: {EXTRA}"
-        ) from None
-    return KazooClient, kazoo.exceptions, KazooTimeoutError
-
-
-def node_name(sequence: str | None, bits: int) -> str:
-    """The node of ``sequence`` (validated, folded) at ``bits`` under the source's path:
-    ``photos-64``; ``Tickets64`` for ``None``. The dash keeps 32- and 64-bit sequences of one
-    name apart and never occurs in a sequence name."""
-    bits = check_bits(bits)
-    seq = normalize_sequence(sequence)
-    return f"Tickets{bits}" if seq is None else f"{seq}-{bits}"
-
-
-def parse_node_name(name: str) -> tuple[str | None, int] | None:
-    """``(sequence, bits)`` of a node made by :func:`node_name` (``None``: not one of ours)."""
-    if name in ("Tickets64", "Tickets32"):
-        return None, int(name[-2:])
-    seq, dash, bits = name.rpartition("-")
-    if not dash or bits not in ("32", "64"):
-        return None
-    try:
-        if normalize_sequence(seq) != seq:
-            return None
-    except TicketsError:
-        return None
-    return seq, int(bits)
-
-
-def check_path(path: object) -> str:
-    """An absolute ZooKeeper path other than the root, without a trailing slash."""
-    if not isinstance(path, str) or not path.startswith("/") or path.rstrip("/") == "":
-        raise TicketsError(
-            f"path must be an absolute ZooKeeper path such as {DEFAULT_PATH!r}, not {path!r}"
-        )
-    path = path.rstrip("/")
-    if "//" in path or any(part in (".", "..") for part in path.split("/")[1:]):
-        raise TicketsError(f"path {path!r} is not a valid ZooKeeper path")
-    if path == "/zookeeper" or path.startswith("/zookeeper/"):
-        raise TicketsError(f"path {path!r} is ZooKeeper's own subtree; choose another")
-    return path
-
-
-_HOST_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?$")
-_URL_OPTIONS = {"timeout", "session_timeout", "create_missing", "on_rewind", "rewind_margin"}
-
-
-def parse_url(text: str) -> dict[str, Any]:
-    """The keyword arguments of the source ``zookeeper://h1:2181,h2:2181/path?timeout=2``
-    names, checked with no I/O (kazoo not needed). The path defaults to
-    ``/sqlalchemy-tickets``; query options: ``timeout``, ``session_timeout`` (seconds),
-    ``create_missing`` (true/false), ``on_rewind`` (heal/refuse), ``rewind_margin``."""
-    example = "zookeeper://h1:2181,h2:2181,h3:2181/sqlalchemy-tickets"
-    scheme, sep, rest = text.partition("://")
-    if scheme.lower() != "zookeeper" or not sep:
-        raise TicketsError(f"invalid ZooKeeper URL {text!r}: expected e.g. {example!r}")
-    rest, _, query = rest.partition("?")
-    hosts, slash, path = rest.partition("/")
-    members = hosts.split(",")
-    for member in members:
-        found = _HOST_RE.match(member)
-        if not found or (found.group(2) and not 0 < int(found.group(2)[1:]) < 65536):
-            raise TicketsError(f"invalid ZooKeeper URL {text!r}: {member!r} is not host:port "
-                               f"(expected e.g. {example!r})")
-    try:
-        where = check_path(f"/{path}") if path else DEFAULT_PATH
-    except TicketsError as error:
-        raise TicketsError(f"invalid ZooKeeper URL {text!r}: {error}") from None
-    options: dict[str, Any] = {"hosts": hosts, "path": where}
-    for item in filter(None, query.split("&")):
-        key, _, value = item.partition("=")
-        try:
-            if key not in _URL_OPTIONS:
-                known = ", ".join(sorted(_URL_OPTIONS))
-                raise ValueError(f"unknown option {key!r} (known: {known})")
-            if key in ("timeout", "session_timeout"):
-                options[key] = check_seconds(key, float(value), finite=True)
-            elif key == "create_missing":
-                if value.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError(f"create_missing={value!r} is not true or false")
-                options[key] = value.lower() in ("true", "1")
-            elif key == "on_rewind":
-                options[key] = _rewind.check_policy(value)
-            else:
-                options[key] = _rewind.check_margin(int(value))
-        except (ValueError, TicketsError) as error:
-            raise TicketsError(f"invalid ZooKeeper URL {text!r}: {error}") from None
-    return options
-
-
 def from_url(text: str, **options: Any) -> ZooKeeperSource:
     """The source a ``zookeeper://`` URL names (``options`` override the URL's)."""
     return ZooKeeperSource(**{**parse_url(text), **options})
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    """One sequence node as read: its mark and what identifies the node and the write."""
-
-    sequence: str | None
-    bits: int
-    last: int
-    version: int
-    czxid: int
-    mzxid: int
-    document: dict[str, Any]
-
-    @property
-    def synced(self) -> int:
-        """How many times ``sync`` moved the node (a running source accepts a node whose
-        identity changed once ``sync`` moved it above what it issued)."""
-        value = self.document.get("synced", 0)
-        return value if isinstance(value, int) else 0
-
-
-class _Node:
-    """What this process knows of one sequence node. Guarded by the source's lock."""
-
-    __slots__ = ("czxid", "floor", "high", "mzxid", "synced")
-
-    def __init__(self) -> None:
-        self.czxid: int | None = None  # the node's identity when first read
-        self.mzxid = 0  # the highest modification zxid seen
-        self.high = 0  # the highest id issued here
-        self.floor = 0  # the highest id told to be in use (ensure_above)
-        self.synced = 0
-
-    def known(self) -> int:
-        return max(self.high, self.floor)
-
-
-def _document(last: int, bits: int, sequence: str | None, **more: Any) -> bytes:
-    doc = {"format": FORMAT, "sequence": sequence, "bits": bits, "last": last, **more}
-    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 class ZooKeeperSource:
@@ -307,7 +172,13 @@ class ZooKeeperSource:
         path = self.node_path(sequence, bits)  # validates the name and the bits
         check_count(count, bits)
         deadline = time.monotonic() + self.timeout
+        lost = 0
         while True:
+            if lost:
+                # Many clients racing for one node: a short random pause, growing with the
+                # races lost, spreads them out (each race lost costs everyone a round trip).
+                time.sleep(min(random.uniform(0, 0.001 * 2**lost), 0.05,
+                               max(0.0, deadline - time.monotonic())))
             info = self._read_checked(path, deadline)
             top = max_id(info.bits)
             if info.last + count > top:
@@ -321,14 +192,9 @@ class ZooKeeperSource:
             new = info.last + count
             stat = self._write(path, info, new, deadline)
             if stat is None:
+                lost += 1
                 continue  # another client won the race, or the answer was lost: read again
-            block = range(info.last + 1, new + 1)
-            with self._lock:
-                node = self._node(path)
-                node.high = max(node.high, new)
-                node.mzxid = max(node.mzxid, stat.mzxid)
-                self._issued += count
-            return block
+            return self._granted(path, info, count, stat)
 
     def ensure_above(self, sequence: str | None, floor: int, *, bits: int = 64) -> bool:
         """Make every id of ``sequence`` issued from now on be above ``floor`` (ids known to
@@ -360,26 +226,101 @@ class ZooKeeperSource:
         """Read (and, with ``create_missing``, create) many sequences' nodes at once: requests
         are pipelined on the session, so this costs about one round trip."""
         paths = list(dict.fromkeys(self.node_path(s, bits) for s in sequences))
+        if not paths:
+            return
+        exc = self._kazoo[1]
         deadline = time.monotonic() + self.timeout
         client = self._connected(deadline)
-        pending = [(p, client.get_async(p)) for p in paths]
+        missing = self._read_many(client, paths, deadline)
+        if missing and not self.create_missing:
+            raise UnknownSequenceError(
+                f"{len(missing)} sequence(s) do not exist on {self} (the first: {missing[0]}): "
+                f"create them with `sqlalchemy-tickets init --url {self.url} SEQUENCE ...`, "
+                "or create_missing=True"
+            )
+        if missing:
+            made = [(p, client.create_async(p, self._initial(p), makepath=True)) for p in missing]
+            for _, result in made:
+                try:
+                    self._outcome(result, deadline)
+                except (exc.NodeExistsError, *self._transient()):
+                    pass  # made by another client, or read (and made) below
+            self._read_many(client, missing, deadline)
+
+    def _read_many(self, client: Any, paths: list[str], deadline: float) -> list[str]:
+        """Read ``paths`` pipelined and record what each is; the paths found missing."""
+        exc = self._kazoo[1]
+        known = {path: self._snapshot(path) for path in paths}
+        pending = [(path, client.get_async(path)) for path in paths]
+        missing = []
         for path, result in pending:
             try:
-                self._outcome(result, deadline)
-            except self._kazoo[1].NoNodeError:
-                self._read(path, deadline, create=self.create_missing)
+                info = self._info(path, *self._outcome(result, deadline))
+            except exc.NoNodeError:
+                missing.append(path)
+                continue
+            except self._transient():
+                info = self._read(path, deadline, create=self.create_missing)
+            self._accepted(path, info, known[path])
+        return missing
 
     def next_blocks(self, requests: Sequence[Request]) -> list[range | TicketsError]:
         """Blocks of many sequences; each request as :meth:`next_block` (one failing does
-        not fail the others). Requests of different sequences run side by side on threads
-        of their own only when there are several; the session pipelines them."""
-        out: list[range | TicketsError] = []
-        for sequence, count, bits in requests:
+        not fail the others). The reads of every sequence, then their conditional writes,
+        are pipelined on the session: about two round trips for the batch. A request whose
+        pipelined attempt did not come through cleanly (a lost race, a node missing or gone
+        back in time, a lost connection, the end of its id space) is made again on its own,
+        as :meth:`next_block` makes it."""
+        out: list[range | TicketsError | None] = [None] * len(requests)
+        batch: list[tuple[int, str, int]] = []
+        for i, (sequence, count, bits) in enumerate(requests):
             try:
-                out.append(self.next_block(sequence, count, bits=bits))
+                path = self.node_path(sequence, bits)
+                check_count(count, bits)
+                batch.append((i, path, count))
             except TicketsError as error:
-                out.append(error)
-        return out
+                out[i] = error
+        if len(batch) > 1:
+            self._pipelined(batch, out)
+        done: list[range | TicketsError] = []
+        for i, found in enumerate(out):
+            if found is None:
+                sequence, count, bits = requests[i]
+                try:
+                    found = self.next_block(sequence, count, bits=bits)
+                except TicketsError as error:
+                    found = error
+            done.append(found)
+        return done
+
+    def give_back(self, sequence: str | None, ids: range, *, bits: int = 64) -> int:
+        """Take back ``ids`` — ending with the latest block this source wrote for
+        ``sequence`` — when no client wrote the node since: one conditional write moves the
+        mark back to ``ids.start - 1`` (those ids are issued again). ``0`` otherwise: a block
+        taken since by anyone, or ids that do not end this source's last block."""
+        path = self.node_path(sequence, bits)
+        check_ids(ids, bits)
+        with self._lock:
+            node = self._nodes.get(path)
+            tail, floor = (node.tail, node.floor) if node is not None else (None, 0)
+        # The end of this source's latest block (ids before it in the range are its earlier
+        # blocks: contiguous, so nobody was granted ids between them), above every id told
+        # to be in use.
+        if not ids or tail is None or ids.step != 1 or ids[-1] != tail[1] or ids.start <= floor:
+            return 0
+        deadline = time.monotonic() + self.timeout
+        info = self._read(path, deadline, create=False)
+        if info.version != tail[0] or info.last != ids[-1]:
+            return 0
+        stat = self._write(path, info, ids.start - 1, deadline)
+        if stat is None:
+            return 0
+        with self._lock:
+            node = self._node(path)
+            node.high = min(node.high, ids.start - 1)  # they may come out again: no rewind
+            node.mzxid = max(node.mzxid, stat.mzxid)
+            node.tail = None
+        return len(ids)
 
     def stats(self) -> dict[str, int]:
         """Counters of this source: ``issued`` ids, ``round_trips`` (requests answered),
@@ -427,23 +368,20 @@ class ZooKeeperSource:
         path = self.node_path(sequence, bits)
         if type(start) is not int or not 1 <= start <= max_id(bits):
             raise TicketsError(f"start must be between 1 and {max_id(bits)}, not {start!r}")
-        deadline = time.monotonic() + self.timeout
-        client = self._connected(deadline)
         seq = normalize_sequence(sequence)
+        value = _document(start - 1, bits, seq, created=time.time())
         try:
-            self._outcome(client.create_async(
-                path, _document(start - 1, bits, seq, created=time.time()), makepath=True,
-            ), deadline)
+            self._request(lambda c: c.create_async(path, value, makepath=True),
+                          time.monotonic() + self.timeout)
         except self._kazoo[1].NodeExistsError:
             return False
         return True
 
     def sequences(self) -> list[tuple[str | None, int]]:
         """``(sequence, bits)`` of every sequence node under ``path``, sorted."""
-        deadline = time.monotonic() + self.timeout
-        client = self._connected(deadline)
         try:
-            names = self._outcome(client.get_children_async(self.path), deadline)
+            names = self._request(lambda c: c.get_children_async(self.path),
+                                  time.monotonic() + self.timeout)
         except self._kazoo[1].NoNodeError:
             return []
         found = [parsed for name in names if (parsed := parse_node_name(name)) is not None]
@@ -513,14 +451,29 @@ class ZooKeeperSource:
 
     def _outcome(self, result: Any, deadline: float) -> Any:
         """What an asynchronous request answered, within ``deadline``."""
-        KazooTimeoutError = self._kazoo[2]
+        exc, KazooTimeoutError = self._kazoo[1], self._kazoo[2]
         try:
             value = result.get(timeout=max(0.001, deadline - time.monotonic()))
         except KazooTimeoutError:
             raise self._unavailable("no answer") from None
+        except (exc.NoAuthError, exc.AuthFailedError, exc.InvalidACLError) as error:
+            raise TicketsError(
+                f"ZooKeeper ensemble {self.hosts} refused {self.path}: "
+                f"{type(error).__name__} (grant this client read and write on it)"
+            ) from None
         with self._lock:
             self._round_trips += 1
         return value
+
+    def _request(self, make: Any, deadline: float) -> Any:
+        """``make(client)``'s answer, made again after a lost connection or session until
+        ``deadline`` (for requests whose repetition is harmless)."""
+        while True:
+            client = self._connected(deadline)
+            try:
+                return self._outcome(make(client), deadline)
+            except self._transient() as error:
+                self._retry(error, deadline)
 
     def _transient(self) -> tuple[type[BaseException], ...]:
         exc = self._kazoo[1]
@@ -568,23 +521,26 @@ class ZooKeeperSource:
 
     def _create_missing(self, path: str, deadline: float) -> None:
         sequence, bits = self._parts(path)
-        with self._lock:
-            floor = self._nodes[path].known() if path in self._nodes else 0
         exc = self._kazoo[1]
         client = self._connected(deadline)
         try:
-            # Above what this process knows to be in use: a node deleted under a running
-            # process comes back above the ids it issued.
-            start = min(floor + self.rewind_margin if floor else 0, max_id(bits))
-            self._outcome(client.create_async(
-                path, _document(start, bits, sequence, created=time.time()), makepath=True,
-            ), deadline)
+            self._outcome(client.create_async(path, self._initial(path), makepath=True),
+                          deadline)
             logger.info("%s: created sequence %s/%d (%s)", self, sequence or "Tickets", bits,
                         path)
         except exc.NodeExistsError:
             pass  # another client made it first
         except self._transient() as error:
             self._retry(error, deadline)
+
+    def _initial(self, path: str) -> bytes:
+        """A new node's document: its mark above what this process knows to be in use (a
+        node deleted under a running process comes back above the ids it issued)."""
+        sequence, bits = self._parts(path)
+        with self._lock:
+            floor = self._nodes[path].known() if path in self._nodes else 0
+        start = min(floor + self.rewind_margin if floor else 0, max_id(bits))
+        return _document(start, bits, sequence, created=time.time())
 
     def _info(self, path: str, data: bytes, stat: Any) -> NodeInfo:
         sequence, bits = self._parts(path)
@@ -600,31 +556,84 @@ class ZooKeeperSource:
             ) from None
         return NodeInfo(sequence, bits, last, stat.version, stat.czxid, stat.mzxid, document)
 
+    def _snapshot(self, path: str) -> tuple[int, int | None, int, int]:
+        """What this process knows of the node, taken before a read is sent: a block this
+        process takes while the read is on its way may land first and be higher."""
+        with self._lock:
+            node = self._node(path)
+            return node.known(), node.czxid, node.mzxid, node.synced
+
+    def _accepted(self, path: str, info: NodeInfo, known: tuple[int, int | None, int, int]
+                  ) -> bool:
+        """Whether ``info`` is the node as it should be (not gone back in time), recording
+        its identity if so."""
+        if self._went_back(info, *known) is not None:
+            return False
+        with self._lock:
+            node = self._node(path)
+            if node.czxid is None or node.synced != info.synced:
+                node.czxid, node.synced = info.czxid, info.synced
+            node.mzxid = max(node.mzxid, info.mzxid)
+        return True
+
     def _read_checked(self, path: str, deadline: float) -> NodeInfo:
         """The node, read for a block: a node that went back in time is healed first (or
         :class:`RewindError`)."""
         while True:
-            with self._lock:
-                node = self._node(path)
-                # As they were before the read was sent: a block this process takes while
-                # the read is on its way may land first and be higher.
-                known, czxid, mzxid, synced = node.known(), node.czxid, node.mzxid, node.synced
+            known = self._snapshot(path)
             info = self._read(path, deadline, create=self.create_missing)
-            seen = self._went_back(info, known, czxid, mzxid, synced)
-            if seen is None:
-                with self._lock:
-                    node = self._node(path)
-                    if node.czxid is None or node.synced != info.synced:
-                        node.czxid, node.synced = info.czxid, info.synced
-                    node.mzxid = max(node.mzxid, info.mzxid)
+            if self._accepted(path, info, known):
                 return info
             # A follower that lags behind the leader shows an older state: sync it, read again,
             # and only a node still behind is a rewind.
             self._sync(path, deadline)
             info = self._read(path, deadline, create=self.create_missing)
-            seen = self._went_back(info, known, czxid, mzxid, synced)
-            if seen is not None:
-                self._heal(path, info, seen, deadline)
+            if self._accepted(path, info, known):
+                return info
+            seen = self._went_back(info, *known)
+            assert seen is not None
+            self._heal(path, info, seen, deadline)
+
+    def _pipelined(self, batch: list[tuple[int, str, int]],
+                   out: list[range | TicketsError | None]) -> None:
+        """One pipelined attempt at each ``(index, path, count)``: every read sent at once,
+        then every conditional write; what came through cleanly is put in ``out``."""
+        exc = self._kazoo[1]
+        deadline = time.monotonic() + self.timeout
+        try:
+            client = self._connected(deadline)
+        except TicketsError:
+            return  # each request then meets the outage on its own
+        reads = [(i, path, count, self._snapshot(path), client.get_async(path))
+                 for i, path, count in batch]
+        writes = []
+        for i, path, count, known, result in reads:
+            try:
+                info = self._info(path, *self._outcome(result, deadline))
+            except (exc.KazooException, TicketsError):
+                continue
+            if not self._accepted(path, info, known) or info.last + count > max_id(info.bits):
+                continue
+            doc = json.dumps(dict(info.document, last=info.last + count),
+                             separators=(",", ":")).encode()
+            writes.append((i, path, info, count, client.set_async(path, doc, info.version)))
+        for i, path, info, count, result in writes:
+            try:
+                stat = self._outcome(result, deadline)
+            except (exc.KazooException, TicketsError):
+                continue  # lost a race, or the outcome is unknown: made again alone
+            out[i] = self._granted(path, info, count, stat)
+
+    def _granted(self, path: str, info: NodeInfo, count: int, stat: Any) -> range:
+        """The block a write acknowledged by the ensemble covers, recorded."""
+        new = info.last + count
+        with self._lock:
+            node = self._node(path)
+            node.high = max(node.high, new)
+            node.mzxid = max(node.mzxid, stat.mzxid)
+            node.tail = (stat.version, new, info.last + 1)
+            self._issued += count
+        return range(info.last + 1, new + 1)
 
     def _went_back(
         self, info: NodeInfo, known: int, czxid: int | None, mzxid: int, synced: int
@@ -643,13 +652,7 @@ class ZooKeeperSource:
         return None
 
     def _sync(self, path: str, deadline: float) -> None:
-        while True:
-            client = self._connected(deadline)
-            try:
-                self._outcome(client.sync_async(path), deadline)
-                return
-            except self._transient() as error:
-                self._retry(error, deadline)
+        self._request(lambda c: c.sync_async(path), deadline)
 
     def _heal(self, path: str, info: NodeInfo, seen: str, deadline: float) -> bool:
         """Move the node above every floor known plus the margin (or refuse). ``False``: the
@@ -721,23 +724,6 @@ class ZooKeeperSource:
         self._client = None
         self._session = _Session()
         self._lock = threading.Lock()
-
-
-class _Session:
-    """A kazoo state listener (called on kazoo's thread): ``live`` is set while connected;
-    ``lost`` counts sessions that expired (kazoo then opens a new one by itself)."""
-
-    def __init__(self) -> None:
-        self.live = threading.Event()
-        self.lost = 0
-
-    def __call__(self, state: str) -> None:
-        if state == "CONNECTED":
-            self.live.set()
-        else:  # SUSPENDED (connection lost, the session may live on), LOST (expired)
-            self.live.clear()
-            if state == "LOST":
-                self.lost += 1
 
 
 def _close_all() -> None:
