@@ -26,6 +26,7 @@ from sqlalchemy_tickets import (
 from sqlalchemy_tickets.sources.base import GivesBack, KeepsAbove, Prepares, TicketSource
 from sqlalchemy_tickets.sources.default import configured_source
 from support.processes import SPAWN, run_processes
+from support.proxy import TcpProxy
 from support.zookeeper import Ensemble
 
 MAX64 = 2**63 - 1
@@ -309,6 +310,43 @@ def test_under_a_datacenter_tier_and_a_cache(
         assert upstream.stats()["issued"] >= 1_000
     finally:
         upstream.close()
+
+
+def test_the_event_loop_keeps_running_while_the_ensemble_does_not_answer(
+    zookeeper: Ensemble, zk_path: str
+) -> None:
+    import asyncio
+
+    with TcpProxy("127.0.0.1", zookeeper.members[0].client_port).start() as proxy:
+        source = ZooKeeperSource(f"127.0.0.1:{proxy.port}", path=zk_path, timeout=5.0)
+        cache = CachedSource(source, timeout=8.0, backoff=0.05)
+        try:
+            source.next_id("async")  # connected
+            proxy.hang()
+
+            async def main() -> tuple[int, int]:
+                ticks = 0
+                done = asyncio.Event()
+
+                async def heartbeat() -> None:
+                    nonlocal ticks
+                    while not done.is_set():
+                        ticks += 1
+                        await asyncio.sleep(0.01)
+
+                beat = asyncio.create_task(heartbeat())
+                asyncio.get_running_loop().call_later(1.5, proxy.forward)
+                new = await cache.next_id_async("async")
+                done.set()
+                await beat
+                return new, ticks
+
+            new, ticks = asyncio.run(main())
+            assert new > 1
+            assert ticks > 50  # the loop ran all along the wait for the ensemble
+        finally:
+            cache.close()
+            source.close()
 
 
 def test_without_kazoo_the_error_names_the_extra() -> None:
