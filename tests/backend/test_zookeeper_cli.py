@@ -121,6 +121,8 @@ def test_status_forecasts_the_end_of_each_id_space(
         (["next", "--url", "zookeeper://h:99999/x", "s"], "invalid ZooKeeper URL"),
         (["sync", "--url", "zookeeper://h:1/x", "--above", "-3", "s"], "must be between"),
         (["restride", "--url", "zookeeper://h:1/x"], "restride is for ticket databases"),
+        (["init", "--url", "zookeeper://h:1/x", "--bits", "32", "--start", "3000000000", "s"],
+         "--start must be between 1 and 2,147,483,647"),
         (["status", "--url", "zookeeper://h:1/x?timeout=zero"], "invalid ZooKeeper URL"),
     ],
 )
@@ -139,6 +141,10 @@ def test_failures_are_one_line_and_exit_1(zookeeper: Ensemble, zk_path: str) -> 
     assert done.returncode == 1
     assert "does not exist" in done.stderr and "sqlalchemy-tickets init" in done.stderr
     assert done.stderr.count("\n") == 1
+    _clean(done)
+    assert run("init", "--url", url, "small", "--bits", "32").returncode == 0
+    done = run("sync", "--url", url, "--above", str(2**31 - 1), "--bits", "32", "small")
+    assert done.returncode == 1 and "leaves no id" in done.stderr
     _clean(done)
     # No ensemble there: unavailable within the URL's timeout, one line.
     started = time.monotonic()

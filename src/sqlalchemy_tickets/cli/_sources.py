@@ -33,6 +33,9 @@ def check_init(args: argparse.Namespace, url: SourceUrl) -> None:
         if flag is not None and getattr(args, attribute) not in (None, False):
             raise _Usage(f"{flag} is for ticket databases; a {url.scheme.name}:// source has "
                          "sequences only (give SEQUENCE ... [--bits] [--start])")
+    if args.start > max_id(args.bits):
+        raise _Usage(f"--start must be between 1 and {max_id(args.bits):,} for {args.bits}-bit "
+                     f"sequences, not {args.start}")
     args.strides = [(1, 1)]
     args.stride_asked = False
 
@@ -142,6 +145,9 @@ def run_sync(args: argparse.Namespace, floor: int, why: str) -> int:
         if not keys:
             raise TicketsError(f"no sequences on {_shown(target.url)}")
     for sequence, bits in keys:
+        if floor >= max_id(bits):
+            raise TicketsError(f"--above {floor:,} leaves no id to a {bits}-bit sequence (the "
+                               f"last is {max_id(bits):,}); nothing changed")
         info = target.describe(sequence, bits=bits)
         if info is None:
             raise UnknownSequenceError(

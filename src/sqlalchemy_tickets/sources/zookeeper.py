@@ -393,6 +393,9 @@ class ZooKeeperSource:
         — ``floor`` below ids issued is a mistake worth stopping on). Records the move, so
         running sources that refused the node after a rewind accept it again."""
         path = self.node_path(sequence, bits)
+        if type(floor) is not int or not 0 <= floor <= max_id(bits):
+            raise TicketsError(f"a floor of a {bits}-bit sequence is 0 to {max_id(bits)}, "
+                               f"not {floor!r}")
         deadline = time.monotonic() + self.timeout
         while True:
             info = self._read(path, deadline, create=False)
