@@ -138,6 +138,11 @@ def console_script(tmp: Path) -> None:
               result.returncode == 2 and "Traceback" not in result.stderr
               and "usage:" in result.stderr,
               f"exit {result.returncode}: {result.stderr}")
+    zk = run("next", "--url", "zookeeper://127.0.0.1:2181/tickets", "photos")
+    check("sqlalchemy-tickets next --url zookeeper://... without kazoo names the extra",
+          zk.returncode == 1 and "sqlalchemy-tickets[zookeeper]" in zk.stderr
+          and zk.stderr.count("\n") == 1 and "Traceback" not in zk.stderr,
+          f"exit {zk.returncode}: {zk.stderr}")
     module = subprocess.run([sys.executable, "-m", "sqlalchemy_tickets", "--help"],
                             cwd=demo_dir, capture_output=True, text=True, timeout=60)
     check("python -m sqlalchemy_tickets --help", module.returncode == 0, module.stderr)
