@@ -39,7 +39,7 @@ LOWEST_PYTHON ?= $(shell for p in python$(LOWEST_PYTHON_VERSION) \
 	"$$p" -c 'import sys; assert sys.version.startswith("$(LOWEST_PYTHON_VERSION).")' \
 	2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: demo test installed suite suite-1 suite-2 lowest pgbouncer galera driver-deps lint bench clean
+.PHONY: demo test installed suite suite-1 suite-2 lowest pgbouncer galera zookeeper driver-deps lint bench clean
 
 $(BIN)/activate: pyproject.toml | driver-deps
 	$(PYTHON) -m venv $(VENV)
@@ -53,7 +53,7 @@ demo:
 	$(DEMO_VENV)/bin/pip install --quiet .
 	cd $(CURDIR) && $(DEMO_VENV)/bin/sqlalchemy-tickets demo
 
-test: $(BIN)/activate pgbouncer galera driver-deps
+test: $(BIN)/activate pgbouncer galera zookeeper driver-deps
 	$(BIN)/mypy
 	$(MAKE) --no-print-directory installed
 	$(MAKE) --no-print-directory --jobs=$(SUITE_JOBS) --output-sync=target $(SUITE_RUNS) lowest
@@ -108,6 +108,15 @@ galera:
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq && apt-get install -y -qq galera-4 rsync iproute2; }
 
+# The ZooKeeper tests start a 3-server ensemble from Debian's package (ZooKeeper 3.8, which
+# brings a JRE): $TICKETS_ZOOKEEPER_JAR, else /usr/share/java/zookeeper.jar.
+zookeeper:
+	@{ test -n "$$TICKETS_ZOOKEEPER_JAR" || test -e /usr/share/java/zookeeper.jar; } && \
+	  command -v java >/dev/null || { \
+	  echo "installing ZooKeeper (Debian package zookeeper) for the ZooKeeper tests"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq zookeeper; }
+
 # mysqlclient, a test dependency, compiles against the MariaDB client library, which it finds
 # through pkg-config: Debian's packages libmariadb-dev and pkg-config.
 driver-deps:
@@ -122,6 +131,7 @@ lint: $(BIN)/activate
 bench: $(BIN)/activate
 	$(BIN)/python benchmarks/bench_flush.py
 	$(BIN)/python benchmarks/bench_roundtrip.py
+	$(BIN)/python benchmarks/bench_zookeeper.py
 
 clean:
 	rm -rf $(VENV) $(LOWEST_VENV) $(DEMO_VENV) build $(DIST) *.egg-info tickets-demo.db*

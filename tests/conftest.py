@@ -22,6 +22,7 @@ import secrets
 import shutil
 import sys
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -46,6 +47,11 @@ from support.servers import (  # noqa: E402
     ServerProcess,
     start_private_mariadb,
     start_private_postgresql,
+)
+from support.zookeeper import (  # noqa: E402
+    Ensemble,
+    start_ensemble,
+    zookeeper_unavailable_reason,
 )
 
 BACKENDS: tuple[str, ...] = ("sqlite", "postgresql", "mysql")
@@ -460,3 +466,39 @@ def galera_cluster() -> Iterator[GaleraCluster]:
             yield cluster
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def zookeeper_ensemble() -> Iterator[Ensemble]:
+    """A 3-server ZooKeeper ensemble on loopback shared by the session, started from Debian's
+    package on first use (tests that fault a member make it whole again: see ``zookeeper``).
+    Missing ZooKeeper skips, or fails under ``TICKETS_TEST_REQUIRE_ALL=1`` / ``CI``."""
+    reason = zookeeper_unavailable_reason()
+    if reason is not None:
+        _unavailable(f"ZooKeeper unavailable: {reason}")
+    workdir = Path(tempfile.mkdtemp(prefix="tickets-zk-"))
+    try:
+        try:
+            ensemble = start_ensemble(workdir)
+        except Exception as exc:
+            _unavailable(f"cannot start a ZooKeeper ensemble: {exc}")
+        try:
+            yield ensemble
+        finally:
+            ensemble.close()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def zookeeper(zookeeper_ensemble: Ensemble, request: pytest.FixtureRequest) -> Iterator[Ensemble]:
+    """The session's ensemble, every member serving, before and after the test."""
+    zookeeper_ensemble.healthy()
+    yield zookeeper_ensemble
+    zookeeper_ensemble.healthy()
+
+
+@pytest.fixture
+def zk_path(request: pytest.FixtureRequest) -> str:
+    """A ZooKeeper path of the test's own."""
+    return f"/t-{uuid.uuid4().hex[:12]}"

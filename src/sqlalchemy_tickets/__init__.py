@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         TicketServer,
         TicketServers,
         TicketSource,
+        ZooKeeperSource,
         configure,
     )
     from .timeouts import apply_timeouts
@@ -55,6 +56,7 @@ _LAZY = {
     "TicketServer": ".sources",
     "TicketServers": ".sources",
     "TicketSource": ".sources",
+    "ZooKeeperSource": ".sources",
     "configure": ".sources",
     "apply_timeouts": ".timeouts",
 }
@@ -116,6 +118,7 @@ __all__ = [
     "TicketSource",
     "TicketsError",
     "UnknownSequenceError",
+    "ZooKeeperSource",
     "__version__",
     "apply_timeouts",
     "async_lookup",

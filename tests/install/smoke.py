@@ -22,7 +22,7 @@ from pathlib import Path
 
 #: Packages that come only with an extra (or the dev tools); none may be installed here.
 OPTIONAL = ("greenlet", "uuid_utils", "psycopg", "pymysql", "opentelemetry", "pymongo",
-            "bson", "tenacity", "aiomysql", "asyncpg")
+            "bson", "tenacity", "aiomysql", "asyncpg", "kazoo")
 
 
 def check(label: str, condition: bool, detail: object = "") -> None:
@@ -57,9 +57,23 @@ def main() -> None:
     check(f"{len(public)} public modules import", loaded == [], loaded)
     check("sqlalchemy.ext.asyncio not imported", "sqlalchemy.ext.asyncio" not in sys.modules)
 
+    zookeeper_without_kazoo()
     with tempfile.TemporaryDirectory() as tmp:
         flush_on_sqlite(Path(tmp) / "app.db")
         console_script(Path(tmp))
+
+
+def zookeeper_without_kazoo() -> None:
+    from sqlalchemy_tickets import DriverNotInstalledError, TicketsError, ZooKeeperSource
+
+    try:
+        ZooKeeperSource("127.0.0.1:2181")
+    except TicketsError as error:
+        check("ZooKeeperSource without kazoo names the extra",
+              isinstance(error, DriverNotInstalledError)
+              and "sqlalchemy-tickets[zookeeper]" in str(error), error)
+    else:
+        check("ZooKeeperSource without kazoo names the extra", False, "no error")
 
 
 def flush_on_sqlite(path: Path) -> None:
@@ -124,6 +138,11 @@ def console_script(tmp: Path) -> None:
               result.returncode == 2 and "Traceback" not in result.stderr
               and "usage:" in result.stderr,
               f"exit {result.returncode}: {result.stderr}")
+    zk = run("next", "--url", "zookeeper://127.0.0.1:2181/tickets", "photos")
+    check("sqlalchemy-tickets next --url zookeeper://... without kazoo names the extra",
+          zk.returncode == 1 and "sqlalchemy-tickets[zookeeper]" in zk.stderr
+          and zk.stderr.count("\n") == 1 and "Traceback" not in zk.stderr,
+          f"exit {zk.returncode}: {zk.stderr}")
     module = subprocess.run([sys.executable, "-m", "sqlalchemy_tickets", "--help"],
                             cwd=demo_dir, capture_output=True, text=True, timeout=60)
     check("python -m sqlalchemy_tickets --help", module.returncode == 0, module.stderr)

@@ -1,11 +1,11 @@
 """Nothing optional is imported at import time.
 
 A plain ``pip install sqlalchemy-tickets`` brings SQLAlchemy and Alembic only: no greenlet (so no
-``sqlalchemy.ext.asyncio``), no drivers, no uuid_utils, pymongo/bson or OpenTelemetry. In a fresh
-interpreter those modules are made unimportable, and any attempt the package's own modules make to
-import one while being imported is recorded: importing the package and every public submodule
-must succeed and attempt none of them. (SQLAlchemy's own probes, e.g. for greenlet, are its
-business and are not counted.) The same holds as installed: see ``test_as_installed.py``."""
+``sqlalchemy.ext.asyncio``), no drivers, no uuid_utils, pymongo/bson, OpenTelemetry or kazoo. In a
+fresh interpreter those modules are made unimportable, and any attempt the package's own modules
+make to import one while being imported is recorded: importing the package and every public
+submodule must succeed and attempt none of them. (SQLAlchemy's own probes, e.g. for greenlet, are
+its business and are not counted.) The same holds as installed: see ``test_as_installed.py``."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ OPTIONAL = (
     "aiomysql",
     "asyncpg",
     "tenacity",
+    "kazoo",
 )
 
 PROBE = """

@@ -137,6 +137,7 @@ class TcpProxy:
         self._conns: set[_Connection] = set()
         self._threads: set[threading.Thread] = set()
         self._marker: bytes | None = None
+        self._then_hang = False
         self._faults_fired = 0
         self._connections_accepted = 0
         self._closed = False
@@ -215,17 +216,20 @@ class TcpProxy:
             for conn in list(self._conns):
                 self._abort_locked(conn)
 
-    def swallow_reply_after(self, marker: bytes) -> None:
+    def swallow_reply_after(self, marker: bytes, *, then_hang: bool = False) -> None:
         """Arm a one-shot fault keyed on ``marker`` in the client->server stream.
 
         Once bytes containing ``marker`` have been forwarded to the server, the next bytes
         the server sends on that connection are dropped and both sides of the connection are
-        closed: the statement ran, but the client never learns its outcome.
+        closed: the statement ran, but the client never learns its outcome. ``then_hang``:
+        the proxy hangs from that moment (:meth:`hang`), so the client cannot come back
+        until :meth:`forward` (a ZooKeeper session then expires with its write in flight).
         """
         if not marker:
             raise ValueError("marker must be non-empty")
         with self._lock:
             self._marker = bytes(marker)
+            self._then_hang = then_hang
             for conn in self._conns:
                 conn.c2s_tail = b""
 
@@ -394,14 +398,16 @@ class TcpProxy:
             while True:
                 data = src.recv(_CHUNK)
                 with self._lock:
+                    if not client_to_server and conn.swallow_next_reply and data:
+                        # Before the hang gate: a reply armed to be dropped is dropped even
+                        # while hung (swallow_reply_after(..., then_hang=True)).
+                        conn.swallow_next_reply = False
+                        self._faults_fired += 1
+                        return  # drop the reply; finally closes both sides
                     if not self._wait_not_hung_locked(conn) or not data:
                         return
                     if client_to_server:
                         self._scan_for_marker_locked(conn, data)
-                    elif conn.swallow_next_reply:
-                        conn.swallow_next_reply = False
-                        self._faults_fired += 1
-                        return  # drop the reply; finally closes both sides
                 dst.sendall(data)
         except OSError:
             return
@@ -421,6 +427,8 @@ class TcpProxy:
         if marker in window:
             self._marker = None
             conn.swallow_next_reply = True
+            if self._then_hang:
+                self._mode = _Mode.HANG
             conn.c2s_tail = b""
         else:
             conn.c2s_tail = window[-(len(marker) - 1) :] if len(marker) > 1 else b""

@@ -1,5 +1,5 @@
-"""Where ticket ids come from: single servers, interleaved servers, caches, datacenter tiers, and
-the default source."""
+"""Where ticket ids come from: single servers, interleaved servers, caches, datacenter tiers, a
+ZooKeeper ensemble, and the default source."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from .default import configure
     from .server import TicketServer
     from .servers import TicketServers
+    from .zookeeper import ZooKeeperSource
 
 # Each loaded when first asked for: most applications use one or two kinds of source, and the
 # datacenter tier alone is a handful of modules.
@@ -22,6 +23,7 @@ _WHERE = {
     "TicketServers": ".servers",
     "TicketSource": ".base",
     "configure": ".default",
+    "ZooKeeperSource": ".zookeeper",
 }
 
 
@@ -46,5 +48,6 @@ __all__ = [
     "TicketServer",
     "TicketServers",
     "TicketSource",
+    "ZooKeeperSource",
     "configure",
 ]

@@ -7,11 +7,13 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine
 
 from ..errors import TicketsError
+from . import _urls
 from .base import TicketSource
 from .cache import CachedSource
 from .server import TicketServer
@@ -21,8 +23,8 @@ EMBEDDED_WASTE_BUDGET = 10_000
 
 _lock = threading.Lock()
 _configured: TicketSource | None = None
-# What configure() made from a URL: closed when replaced.
-_built: tuple[CachedSource, TicketServer] | None = None
+# What configure() made from a URL (the cache and the source under it): closed when replaced.
+_built: tuple[CachedSource, Any] | None = None
 _embedded: weakref.WeakKeyDictionary[Engine, _Embedded] = weakref.WeakKeyDictionary()
 
 logger = logging.getLogger("sqlalchemy_tickets")
@@ -71,12 +73,18 @@ def configure(source: TicketSource | str | URL | None) -> None:
 
     ``source`` is any object with ``next_id``/``next_block`` (a :class:`TicketServer`,
     :class:`TicketServers`, :class:`CachedSource`...), used as given, or a database URL, which
-    becomes ``CachedSource(TicketServer(url))``: the fast path. ``None`` restores the embedded
-    default.
+    becomes ``CachedSource(TicketServer(url))``: the fast path. A URL of another registered
+    scheme becomes a cache over the source it names: ``zookeeper://h1:2181,h2:2181/path``
+    is ``CachedSource(ZooKeeperSource(...))``. ``None`` restores the embedded default.
     """
     global _configured, _built
-    built: tuple[CachedSource, TicketServer] | None = None
-    if isinstance(source, (str, URL)):
+    built: tuple[CachedSource, Any] | None = None
+    if _urls.scheme_of(source) is not None:
+        assert isinstance(source, str)
+        inner = _urls.parse(source).build()
+        source = CachedSource(inner)
+        built = (source, inner)
+    elif isinstance(source, (str, URL)):
         server = TicketServer(source)
         source = CachedSource(server)
         built = (source, server)
