@@ -11,9 +11,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "src" / "sqlalchemy_tickets"
 PACKAGE = "sqlalchemy_tickets"
-#: The one module allowed to import ``sqlalchemy_tickets`` itself: it is the application's
-#: entry point, loaded last.
-MAY_IMPORT_TOP = {"sqlalchemy_tickets.cli", "sqlalchemy_tickets.__main__"}
+#: The modules allowed to import ``sqlalchemy_tickets`` itself: the command line (a package) and
+#: ``python -m``, the entry points, loaded last.
+MAY_IMPORT_TOP = ("sqlalchemy_tickets.cli", "sqlalchemy_tickets.__main__")
 MOST_LINES = 800
 
 
@@ -76,7 +76,7 @@ def test_no_import_cycle() -> None:
 
 def test_only_the_command_line_imports_the_top_level() -> None:
     importing = sorted(m for m, imported in GRAPH.items()
-                       if PACKAGE in imported and m not in MAY_IMPORT_TOP)
+                       if PACKAGE in imported and not m.startswith(MAY_IMPORT_TOP))
     assert importing == []
 
 
