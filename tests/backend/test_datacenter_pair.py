@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy_tickets import CachedSource, DatacenterTier, TicketServer, TicketServers
+import sqlalchemy as sa
+
+from sqlalchemy_tickets import CachedSource, DatacenterTier, TicketId, TicketServer, TicketServers
 
 STEADY = {"supply": 0.001, "min_block": 100, "timeout": 5.0}
 
@@ -60,4 +62,50 @@ def test_a_cache_over_a_tier_over_a_pair_closes_burning_nothing(
                 assert cache.close() == 0
                 assert cache.stats()["burned"] == 0
     finally:
+        pair.close()
+
+
+def test_a_first_flush_behind_the_server_ahead_keeps_the_other_lanes_stock(
+    backend: str, database_url: str, make_database: Callable[[str], str]
+) -> None:
+    """The servers of a pair drift apart: a table's largest key is the server ahead's. A
+    fresh process's first insert tells its cache and tier that key; the ids they hold of the
+    server behind are below it, yet nobody else's: they stay (before, the cache and the tier
+    dropped them as in use, emptying a stock that an outage of the pair then could not
+    refill)."""
+    odd, even = make_database(backend), make_database(backend)
+    pair = TicketServers([TicketServer(odd, stride=(2, 1)), TicketServer(even, stride=(2, 2))])
+    app = sa.create_engine(make_database(backend))
+    try:
+        with DatacenterTier(database_url, pair, **STEADY) as tier:
+            tier.prepare(["photos"])
+            # The odd server far ahead (another datacenter drew much from it), and a row of
+            # its in the table.
+            ahead = TicketServer(odd, stride=(2, 1))
+            ahead.next_block("photos", 5001)
+            key = ahead.next_id("photos")
+            ahead.close()
+            while {tier.next_block("photos", 10).start % 2 for _ in range(4)} != {0, 1}:
+                pass  # the stock holds ranges of both servers
+            assert tier.wait_idle(10)
+            before = {s.sequence: s.stock for s in tier.describe()}["photos"]
+            cache = CachedSource(tier, min_block=7, max_block=40)
+            photos = sa.Table("photos", sa.MetaData(),
+                              sa.Column("id", TicketId("photos", source=cache), primary_key=True),
+                              sa.Column("title", sa.String(20)))
+            photos.create(app)
+            with app.begin() as conn:
+                conn.execute(photos.insert(), [{"id": key, "title": "ahead"}])
+            with app.begin() as conn:
+                conn.execute(photos.insert(), [{"title": "new"} for _ in range(3)])
+            with app.connect() as conn:
+                ids = conn.execute(sa.select(photos.c.id)).scalars().all()
+            assert len(set(ids)) == 4
+            assert cache.stats()["burned"] == 0
+            assert tier.stats()["burned"] == 0
+            after = {s.sequence: s.stock for s in tier.describe()}["photos"]
+            assert before - after <= cache.stats()["in_hand"] + 3 + 2 * STEADY["min_block"]
+            cache.close()
+    finally:
+        app.dispose()
         pair.close()

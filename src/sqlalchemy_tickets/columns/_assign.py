@@ -63,9 +63,11 @@ class AssignedIdType:
 
     def keep_above(
         self, engine: EngineGetter, floor: int, columns: list[sa.Column[Any]]
-    ) -> None:
+    ) -> bool:
         """Tell the source that ids up to ``floor`` (the largest key of ``columns``) are in
-        use; ``columns`` are met from now on."""
+        use; ``columns`` are met from now on. Whether the source had to move (else ids it
+        hands out at or below ``floor`` are not the table's: another lane's of a pair)."""
+        return False
 
     # SQLAlchemy calls this when the type is given to a Column (SchemaEventTarget protocol).
     def _set_parent(self, parent: Any, outer: bool = False, **kw: Any) -> None:
@@ -185,12 +187,15 @@ def _keep_above(
     ids: list[Any],
 ) -> list[Any]:
     """``ids`` if they are all above ``floor`` (the source is past the table's keys: nothing
-    to tell it); else the source is told of ``floor`` and new ids are drawn (those are burned:
-    keys the table holds, or below them)."""
+    to tell it); else the source is told of ``floor`` and, where it had to move, new ids are
+    drawn (those are burned: keys the table holds, or below them)."""
     if all(not isinstance(i, int) or i > floor for i in ids):
         type_.keep_above(engine, 0, columns)  # met: the table's keys are below the source
         return ids
-    type_.keep_above(engine, floor, columns)
+    if not type_.keep_above(engine, floor, columns):
+        # The source was past ``floor`` already: the keys up to it are ids it issued (the
+        # other server of a pair is ahead), and these, below them, are nobody else's.
+        return ids
     return type_.new_ids(engine, len(ids))
 
 
