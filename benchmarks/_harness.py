@@ -356,7 +356,7 @@ def distribution(samples: Sequence[float]) -> dict[str, float]:
 # -- processes ---------------------------------------------------------------------------------
 
 
-class Fleet:
+class Fleet(contextlib.AbstractContextManager):  # type: ignore[type-arg]
     """Worker processes (``multiprocessing``; ``method`` spawn: fresh interpreters, fork: copies
     of this one), each running the module-level ``target(spec, conn)`` with a pipe of its own
     (an exception it raises reaches the parent). :meth:`tell` sends to the workers chosen
@@ -403,9 +403,6 @@ class Fleet:
     def ask(self, message: Any, indexes: Sequence[int] | None = None) -> list[Any]:
         self.tell(message, indexes)
         return self.hear(indexes)
-
-    def __enter__(self) -> Fleet:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         deadline = time.monotonic() + (self.grace if exc[0] is None else 0.0)
@@ -502,7 +499,7 @@ def figure(panels: int, title: str, env: Mapping[str, Any], note: str = RATIO_NO
     fig.suptitle(title, fontsize=12)
     fig.text(0.01, 0.01, f"{note}; load avg {env.get('load_average_at_start')} at start",
              fontsize=7.5, color="dimgray")
-    fig.subplots_adjust(left=0.2 / panels + 0.08, right=0.97, wspace=0.8, bottom=0.14, top=0.86)
+    fig.subplots_adjust(left=0.3 / panels + 0.08, right=0.97, wspace=0.8, bottom=0.14, top=0.86)
     return fig, list(axes[0])
 
 
@@ -558,7 +555,8 @@ def value_panel(ax: Any, values: Mapping[str, float], title: str, unit: str, *,
     """One horizontal bar per value, labelled with it."""
     ax.barh(range(len(values)), list(values.values()), color="tab:green", alpha=0.7)
     for y, value in enumerate(values.values()):
-        ax.annotate(f"{value:,.3g} {unit}", (value, y), xytext=(3, -3),
+        ax.annotate(f"{value:,.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}", (value, y),
+                    xytext=(3, -3),
                     textcoords="offset points", fontsize=8)
     finish(ax, list(values), title, log_scale)
 

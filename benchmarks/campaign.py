@@ -251,11 +251,9 @@ def schedule(rng: random.Random, duration: float, smoke: bool, slots: int,
         cut, kills = 0.15 * duration, [0.45] if smoke else [k / 12 for k in range(1, 12)]
         faults = [Fault(round(duration * k, 2), "kill_worker", {"slot": rng.randrange(slots)})
                   for k in kills]
-        for dc, at in ((0, 0.2 * duration), (1, 0.5 * duration)):
-            faults += [Fault(round(at, 2), "cut_link", {"server": "both", "dc": dc,
-                                                        "seconds": round(cut / 2, 2)}),
-                       Fault(round(at + cut / 2, 2), "hang_link", {"server": "both", "dc": dc,
-                                                                   "seconds": round(cut / 2, 2)})]
+        faults += [Fault(round(at, 2), "cut_link", {"server": "both", "dc": dc, "seconds": cut,
+                                                    "hang_after": cut / 2})  # refused, then hung
+                   for dc, at in ((0, 0.2 * duration), (1, 0.5 * duration))]
         faults.append(Fault(round(0.75 * duration, 2), "kill_server",
                             {"server": "b", "seconds": 1.0 if smoke else 5.0}))
         return sorted(faults, key=lambda f: f.at)
@@ -501,13 +499,17 @@ class Campaign:
         self.paused(process.pid, seconds, os.killpg)  # the whole process group
         return {"port": process.port}
 
-    def link(self, server: str, dc: int | str, seconds: float, mode: str) -> dict[str, Any]:
+    def link(self, server: str, dc: int | str, seconds: float, mode: str,
+             hang_after: float = 0.0) -> dict[str, Any]:
         proxies = [row[s] for i, row in enumerate(self.proxies) if dc in (i, "both")
                    for s in (("a", "b") if server == "both" else (server,))]
         for proxy in proxies:
             getattr(proxy, mode)()
         try:
-            self.stop.wait(seconds)
+            if hang_after and not self.stop.wait(hang_after):  # the soak's cut: then hung
+                for proxy in proxies:
+                    proxy.hang()
+            self.stop.wait(seconds - hang_after)
         finally:
             for proxy in proxies:
                 proxy.forward()
@@ -729,7 +731,7 @@ def draw(env: dict[str, Any], res: dict[str, Any], duration: float, title: str) 
     fig.subplots_adjust(left=0.13, right=0.98, bottom=0.08, top=0.92, hspace=0.1)
     width = 2.0 if duration <= 60 else 5.0
     for d, times in res["commit_timeline"].items():
-        counts = Counter(int(t / width) for t in times)
+        counts = Counter(int(t // width) for t in times)  # before the clock: bin -1, left out
         bins = range(int(duration / width) + 1)
         a1.plot([(b + 0.5) * width for b in bins], [counts[b] * (1 + LINES) / width
                                                     for b in bins], label=d, linewidth=1)
