@@ -1,16 +1,19 @@
-"""Allocation fast path: ns per id of a warm ``CachedSource.next_id`` vs in-process generators.
+"""Allocation fast path: ns per id of a warm ``CachedSource.next_id`` against in-process
+generators, and over a datacenter tier against over a ticket server.
 
-The cache is ``CachedSource(TicketServer(<throwaway PostgreSQL database>))`` with its defaults,
-primed with 300,000 ids (untimed); before every cache run the refill in flight is awaited
-(untimed) and the blocking waits the timed runs cause are counted (expected: 0). Compared per id,
-single thread: the cache, ``uuid_utils.uuid7()``, ``snowflake.SnowflakeGenerator`` (its ``None``
-results counted), ``uuid6.uuid7()``, python-ulid's ``ULID()``, a locked counter and an uncached
-``TicketServer.next_id``; 8 threads sharing one generator (snowflake-id's is not thread safe),
-then 200,000 ids from 8 threads checked distinct; and the cache's fast path layer by layer.
-Every figure is a median of per-round ratios to ``uuid_utils.uuid7`` timed in the same round.
-Target: cache <= 1.0 x uuid_utils (single thread); it must not exceed 1.5 x.
+Every cache is primed with 300,000 ids (untimed); before each cache run its refill in flight is
+awaited and the blocking waits the run causes are counted (expected 0); a run takes 40,000 ids;
+51 rounds; ``uuid_utils.uuid7()`` is timed in every round as the common reference. Groups:
+``single`` — ``CachedSource(TicketServer(<PostgreSQL db>))`` with its defaults against
+uuid_utils, snowflake-id (its ``None`` results counted), uuid6, python-ulid, a locked counter and
+an uncached ``TicketServer.next_id`` (**target: cache <= 1.0 x uuid_utils, never > 1.5 x**);
+``threads`` — one generator shared by 8 threads released by a barrier, then 200,000 ids from 8
+threads checked distinct and increasing per thread; ``tier`` —
+``CachedSource(DatacenterTier(dc, upstream=TicketServer(global)))`` against
+``CachedSource(TicketServer(global))``, both ``waste_ratio=1.0`` so a run's ids are in hand
+(**target: tier / server <= 1.1**).
 
-    .venv/bin/python benchmarks/bench_alloc.py [--smoke] [--rounds R] [--backends postgresql]
+    .venv/bin/python benchmarks/bench_alloc.py [--smoke] [--rounds 51] [--backends postgresql]
 """
 
 from __future__ import annotations
@@ -18,19 +21,20 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections import deque
 from typing import Any
 
-import _common as h
+import _harness as h
 import snowflake
 import uuid6
 import uuid_utils
 from ulid import ULID
 
-from sqlalchemy_tickets import CachedSource, TicketServer
+from sqlalchemy_tickets import CachedSource, DatacenterTier, TicketServer
+from sqlalchemy_tickets.sources.datacenter import create_datacenter_tables
 
-NAME, TARGET, LIMIT, THREADS = "bench_alloc", 1.0, 1.5, 8
+NAME, TARGET, LIMIT, TIER_TARGET, THREADS = "bench_alloc", 1.0, 1.5, 1.1, 8
 REF, CACHE = "uuid_utils.uuid7", "CachedSource.next_id"
+TIER, SERVER = "cache over DatacenterTier", "cache over TicketServer"
 
 
 def locked_counter() -> Any:
@@ -44,26 +48,11 @@ def locked_counter() -> Any:
     return next_id
 
 
-def cache_variant(name: str, cache: CachedSource, run: Any, n: int, waits: list[int]) -> Any:
-    """Refills awaited before each run (untimed); the blocking waits of the run counted."""
+def threaded(name: str, work: Any, ids: int) -> h.Variant:
+    """8 threads started untimed and parked on a barrier; the timed run releases and joins them
+    (``ids``: all threads' ids together)."""
 
-    def setup() -> None:
-        cache.wait_idle(10.0)
-        waits.append(-cache.stats()["blocking_waits"])
-
-    def teardown(_: Any) -> None:
-        waits[-1] += cache.stats()["blocking_waits"]
-
-    return h.Variant(name, run, setup, teardown, per=n)
-
-
-def threaded(name: str, work: Any, ids: int, before: Any = None) -> Any:
-    """8 threads started untimed and parked on a barrier; the timed run releases them and
-    joins them (``ids``: all threads' ids together)."""
-
-    def setup() -> list[threading.Thread]:
-        if before is not None:
-            before()
+    def setup() -> list[Any]:
         barrier = threading.Barrier(THREADS + 1)
         pool = [threading.Thread(target=lambda: (barrier.wait(), work())) for _ in range(THREADS)]
         for thread in pool:
@@ -80,149 +69,90 @@ def threaded(name: str, work: Any, ids: int, before: Any = None) -> Any:
     return h.Variant(name, run, setup, per=ids)
 
 
-class Prefilled:
-    """The attributes ``CachedSource.next_id`` reads, over a deque filled beforehand: its own
-    code (not a copy) with no refills behind it."""
-
-    next_id = CachedSource.next_id
-
-    def __init__(self, ids: deque[int]) -> None:
-        self._next64, self._next = {"bench": ids.popleft}, {("bench", 64): ids.popleft}
-
-    def _next_id_slow(self, sequence: str | None, bits: int) -> int:
-        raise AssertionError("the prefilled deque ran dry")
-
-
-def breakdown(cache: CachedSource, n: int, waits: list[int]) -> list[Any]:
-    """Each step adds one thing the hot path does; adjacent differences are its cost."""
-    queues = [deque[int]() for _ in range(4)]
-    refills = [lambda q=q: q.extend(range(1 << 40, (1 << 40) + n)) for q in queues]
-    pops = [q.popleft for q in queues]
-
-    def call(sequence: str) -> int:
-        return pops[1]()
-
-    def kw_bits(sequence: str | None = None, *, bits: int = 64) -> int:
-        return pops[2]()
-
-    steps = [pops[0], call, kw_bits, Prefilled(queues[3]).next_id]
-    names = [
-        "1 deque.popleft",
-        "2 + python call",
-        "3 + kw-only bits=64",
-        "4 next_id's code, prefilled",
-    ]
-    chosen = [h.Variant(names[0], h.loop(steps[0], n), refills[0], per=n)]
-    chosen += [
-        h.Variant(m, h.loop(f, n, "bench"), r, per=n)
-        for m, f, r in zip(names[1:], steps[1:], refills[1:], strict=False)
-    ]
-    chosen.append(cache_variant("5 " + CACHE, cache, h.loop(cache.next_id, n, "bench"), n, waits))
-    return chosen + [h.Variant(REF, h.loop(uuid_utils.uuid7, n), per=n)]
+def distinct_across_threads(cache: CachedSource, per: int) -> dict[str, Any]:
+    """Untimed: ids taken by 8 threads at once are all distinct, each thread's increasing."""
+    got: list[list[int]] = []
+    check = threaded("", lambda: got.append([cache.next_id("bench") for _ in range(per)]), 0)
+    check.run(check.setup())
+    ids = [i for slot in got for i in slot]
+    ordered = all(a < b for slot in got for a, b in zip(slot, slot[1:], strict=False))
+    assert len(set(ids)) == per * THREADS and ordered, "8 threads got duplicate or unordered ids"
+    return {"ids": len(ids), "distinct": len(set(ids)), "per_thread_increasing": ordered}
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = h.parse_args(__doc__, argv, backends=("postgresql",))
+    args = h.parse_args(__doc__, argv, backends=("postgresql",),
+                        peers=("uuid-utils", "uuid6", "python-ulid", "snowflake-id"))
     backend = next((b for b in args.backends if b != "sqlite"), args.backends[0])
-    n, uncached, rounds = (
-        (2_000, 10, h.rounds(args, 51)) if args.smoke else (40_000, 150, h.rounds(args, 51))
-    )
-    env = h.environment("uuid-utils", "uuid6", "python-ulid", "snowflake-id")
-    waits: dict[str, list[int]] = {"single": [], "threads": [], "breakdown": []}
-    with h.throwaway_database(backend) as url:
-        server, cache = TicketServer(url), CachedSource(TicketServer(url))
+    n, uncached, primed = (2_000, 10, 20_000) if args.smoke else (40_000, 150, 300_000)
+    rounds = h.rounds(args, 51)
+    waits: dict[str, list[int]] = {"single": [], "threads": [], TIER: [], SERVER: []}
+    nones: list[int] = []
+    with h.throwaway_database(backend) as url, h.throwaway_database(backend) as dc:
+        h.first_contact(url, ["bench", "bench_uncached"])
+        create_datacenter_tables(dc, timeout=h.SETUP_TIMEOUT)
+        server, upstream = TicketServer(url), TicketServer(url)
+        with DatacenterTier(dc, upstream=upstream, timeout=h.SETUP_TIMEOUT) as first:
+            first.next_block("bench", 1)  # the tier's first contact, before any clock
+        tier = DatacenterTier(dc, upstream=upstream)
+        caches = {CACHE: CachedSource(TicketServer(url)),
+                  TIER: CachedSource(tier, waste_ratio=1.0),
+                  SERVER: CachedSource(TicketServer(url), waste_ratio=1.0)}
         try:
-            server.next_id("bench_uncached")  # first contact: creates the table
-            h.loop(cache.next_id, 20_000 if args.smoke else 300_000, "bench")()  # teaches the rate
-            nones: list[int] = []
-            flake = snowflake.SnowflakeGenerator(1).__next__
+            for cache in caches.values():
+                h.loop(cache.next_id, primed, "bench")()  # teaches the rate, fills the blocks
+            cache = caches[CACHE]
             single = [
-                cache_variant(CACHE, cache, h.loop(cache.next_id, n, "bench"), n, waits["single"]),
+                h.watched(h.Variant(CACHE, h.loop(cache.next_id, n, "bench"), per=n), cache,
+                          waits["single"]),
                 h.Variant(REF, h.loop(uuid_utils.uuid7, n), per=n),
-                h.Variant("snowflake-id", h.none_counting_loop(flake, n, nones), per=n),
+                h.Variant("snowflake-id", h.loop_counting_none(
+                    snowflake.SnowflakeGenerator(1).__next__, n, nones), per=n),
                 h.Variant("uuid6.uuid7", h.loop(uuid6.uuid7, n), per=n),
                 h.Variant("python-ulid ULID()", h.loop(ULID, n), per=n),
                 h.Variant("locked counter", h.loop(locked_counter(), n), per=n),
-                h.Variant(
-                    "TicketServer.next_id",
-                    h.loop(server.next_id, uncached, "bench_uncached"),
-                    per=uncached,
-                ),
+                h.Variant("TicketServer.next_id",
+                          h.loop(server.next_id, uncached, "bench_uncached"), per=uncached),
             ]
             timings = {"single": h.interleave(single, rounds, label="1 thread: ")}
-            per, watch = n // THREADS, cache_variant("", cache, None, 0, waits["threads"])
-            many = [
-                threaded(CACHE, h.loop(cache.next_id, per, "bench"), per * THREADS, watch.setup),
-                threaded(REF, h.loop(uuid_utils.uuid7, per), per * THREADS),
-                threaded("locked counter", h.loop(locked_counter(), per), per * THREADS),
-                threaded("uuid6.uuid7", h.loop(uuid6.uuid7, per), per * THREADS),
-                threaded("python-ulid ULID()", h.loop(ULID, per), per * THREADS),
-            ]
-            many[0].teardown = watch.teardown
+            per = n // THREADS
+            many = [h.watched(threaded(CACHE, h.loop(cache.next_id, per, "bench"), n), cache,
+                              waits["threads"])]
+            many += [threaded(name, h.loop(call, per), n) for name, call in (
+                (REF, uuid_utils.uuid7), ("locked counter", locked_counter()),
+                ("uuid6.uuid7", uuid6.uuid7), ("python-ulid ULID()", ULID))]
             timings["threads"] = h.interleave(many, rounds, label=f"{THREADS} threads: ")
-            timings["breakdown"] = h.interleave(
-                breakdown(cache, n, waits["breakdown"]), rounds, label="breakdown: "
-            )
+            pair = [h.watched(h.Variant(k, h.loop(caches[k].next_id, n, "bench"), per=n),
+                              caches[k], waits[k]) for k in (TIER, SERVER)]
+            timings["tier"] = h.interleave([*pair, h.Variant(REF, h.loop(uuid_utils.uuid7, n),
+                                                             per=n)], rounds, label="tier: ")
             unique = distinct_across_threads(cache, 2_000 if args.smoke else 25_000)
-            stats = cache.stats()
+            stats = {k: {s: v for s, v in c.stats().items() if s != "sequences"}
+                     for k, c in caches.items()}
         finally:
-            cache.close()
-            cache.source.close()  # type: ignore[attr-defined]
+            for cache in caches.values():
+                cache.close()
+                cache.source.close()  # type: ignore[attr-defined]
+            upstream.close()
             server.close()
-    results = {
-        group: {
-            "ratio_to_uuid_utils": {v: h.ratio_summary(t, v, REF) for v in t.seconds},
-            "median_ns_per_id": {v: t.median(v) * 1e9 for v in t.seconds},
-            **t.to_json(),
-        }
+    results: dict[str, Any] = {
+        group: {"ratio_to_uuid_utils": {v: h.ratio_summary(t, v, REF) for v in t.seconds},
+                "median_ns_per_id": {v: t.median(v) * 1e9 for v in t.seconds}, **t.to_json()}
         for group, t in timings.items()
     }
     check = {**h.ratio_summary(timings["single"], CACHE, REF, TARGET), "hard_limit": LIMIT}
     check["within_hard_limit"] = check["median"] <= LIMIT
     results["single"]["ratio_to_uuid_utils"][CACHE] = check  # drawn with its target
-    title = f"Warm CachedSource(TicketServer({backend})).next_id vs in-process generators"
-    fig, axes = h.figure(3, title, env)
-    for ax, group in zip(axes, ("single", "threads"), strict=False):
-        ratios = results[group]["ratio_to_uuid_utils"]
-        h.ratio_panel(ax, ratios, f"{group}: time per id / uuid_utils", log_scale=True)
-    ns = results["breakdown"]["median_ns_per_id"]
-    h.value_panel(axes[2], ns, "where the cache's ns go", "ns")
+    tier_check = h.ratio_summary(timings["tier"], TIER, SERVER, TIER_TARGET)
+    results["tier"]["tier_over_server"] = tier_check
     results["snowflake_id_none_results_per_round"] = nones[1:]
     results["blocking_waits_during_timed_runs"] = {k: sum(v[1:]) for k, v in waits.items()}
     results["threads_uniqueness_check"], results["cache_stats_at_end"] = unique, stats
-    checks = {f"{CACHE}/{REF}": check}
-    return h.report(
-        args,
-        NAME,
-        env=env,
-        results=results,
-        checks=checks,
-        figure=fig,
-        parameters={"cache_backend": backend, "ids_per_run": n, "uncached_calls_per_run": uncached},
-    )
-
-
-def distinct_across_threads(cache: CachedSource, per: int) -> dict[str, Any]:
-    """Untimed: ids taken by 8 threads at once are all distinct, each thread's increasing."""
-    got: list[list[int]] = [[] for _ in range(THREADS)]
-    barrier = threading.Barrier(THREADS)
-    pool = [
-        threading.Thread(
-            target=lambda s=s: (
-                barrier.wait(),
-                s.extend(cache.next_id("bench") for _ in range(per)),
-            )
-        )
-        for s in got
-    ]
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join()
-    ids = [i for slot in got for i in slot]
-    ordered = all(a < b for slot in got for a, b in zip(slot, slot[1:], strict=False))
-    assert len(set(ids)) == per * THREADS and ordered, "8 threads got duplicate or unordered ids"
-    return {"ids": len(ids), "distinct": len(set(ids)), "per_thread_increasing": ordered}
+    return h.report(args, NAME, results, log_scale=True, height=7,
+                    title=f"Warm CachedSource.next_id ({backend}) vs in-process generators "
+                    "(time per id / uuid_utils)",
+                    parameters={"cache_backend": backend, "ids_per_run": n, "primed": primed,
+                                "uncached_calls_per_run": uncached, "rounds": rounds})
 
 
 if __name__ == "__main__":

@@ -1,13 +1,12 @@
 """A tenfold burst through ``CachedSource`` in real time (HubSpot's VTickets figure), per backend.
 
-A load generator paced by the monotonic clock (1 ms ticks, issuing what the cumulative schedule
-says is due, so a late tick catches up) calls ``CachedSource.next_id("burst")`` at R = 2,000
-ids/s for 3 s (warm-up), R for 10 s, 10 R for 10 s, then R for 20 s (``--smoke``: 0.2/0.3/0.3/
-0.6 s). The cache is ``CachedSource(TicketServer(<throwaway db>), supply=2.0, window=5.0)``:
-``supply`` = 2 s of ids per block so every phase needs several round trips, ``window`` = 5 s so
-the rate estimate forgets the burst within the run; the block only shrinks when a refill starts,
-once the burst's leftover ids are down to the low-water mark, hence the 20 s after it.
-``stats()`` is sampled every 100 ms. Target: 0 blocking waits after the warm-up. No ratio here.
+A load generator paced by the monotonic clock (1 ms ticks; a late tick catches up) calls
+``CachedSource.next_id("burst")`` at R = 2,000 ids/s for 3 s (warm-up), R for 10 s, 10 R for
+10 s, then R for 20 s (``--smoke``: 0.2/0.3/0.3/0.6 s), through ``CachedSource(TicketServer(db),
+supply=2.0, window=5.0)``: 2 s of ids per block, so every phase needs several round trips; a
+rate estimate that forgets the burst within the run. ``stats()`` is sampled every 100 ms.
+Per phase: ids, rate achieved, round trips (per 1,000 ids), blocking waits, block sizes, fewest
+ids in hand, slowest ``next_id``. Target: 0 blocking waits after the warm-up.
 
     .venv/bin/python benchmarks/bench_burst.py [--smoke] [--backends postgresql,mysql]
 """
@@ -18,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-import _common as h
+import _harness as h
 
 from sqlalchemy_tickets import CachedSource, TicketServer
 
@@ -44,9 +43,8 @@ def drive(cache: CachedSource, phases: list[tuple[str, float, float]]) -> list[d
 
     def sample(t: float, **extra: Any) -> None:
         stats = cache.stats()
-        samples.append(
-            {"t": t, "ids": issued, "worst_ms": worst * 1e3, **{k: stats[k] for k in KEYS}, **extra}
-        )
+        samples.append({"t": t, "ids": issued, "worst_ms": worst * 1e3,
+                        **{k: stats[k] for k in KEYS}, **extra})
 
     sample(0.0, phase=phases[0][0])
     next_sample = SAMPLE_EVERY
@@ -63,13 +61,8 @@ def drive(cache: CachedSource, phases: list[tuple[str, float, float]]) -> list[d
         elif now >= next_sample:
             sample(now)
             worst, next_sample = 0.0, next_sample + SAMPLE_EVERY
-        time.sleep(
-            max(
-                0.0,
-                min(now + TICK, next_sample, ends[min(phase, len(phases) - 1)])
-                - (time.monotonic() - start),
-            )
-        )
+        wake = min(now + TICK, next_sample, ends[min(phase, len(phases) - 1)])
+        time.sleep(max(0.0, wake - (time.monotonic() - start)))
     return samples
 
 
@@ -80,116 +73,71 @@ def summarize(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for a, b in zip(marks, marks[1:], strict=False):
         inside = [s for s in samples if a["t"] < s["t"] <= b["t"]]
         ids, trips = b["ids"] - a["ids"], b["round_trips"] - a["round_trips"]
-        out.append(
-            {
-                "phase": a["phase"],
-                "ids": ids,
-                "achieved_rate": ids / max(b["t"] - a["t"], 1e-9),
-                "round_trips": trips,
-                "round_trips_per_1000_ids": trips / ids * 1000 if ids else None,
-                "blocking_waits": b["blocking_waits"] - a["blocking_waits"],
-                "block_sizes": sorted({s["block_size"] for s in inside}),
-                "min_in_hand": min((s["in_hand"] for s in inside), default=None),
-                "worst_next_id_ms": max((s["worst_ms"] for s in inside), default=0.0),
-            }
-        )
+        out.append({
+            "phase": a["phase"], "ids": ids, "achieved_rate": ids / max(b["t"] - a["t"], 1e-9),
+            "round_trips": trips, "round_trips_per_1000_ids": trips / ids * 1000 if ids else None,
+            "blocking_waits": b["blocking_waits"] - a["blocking_waits"],
+            "block_sizes": sorted({s["block_size"] for s in inside}),
+            "min_in_hand": min((s["in_hand"] for s in inside), default=None),
+            "worst_next_id_ms": max((s["worst_ms"] for s in inside), default=0.0),
+        })
     return out
 
 
 def run_backend(backend: str, phases: list[Any], window: float) -> dict[str, Any]:
     with h.throwaway_database(backend) as url:
+        h.first_contact(url, ["burst"])  # the DDL outside the cache's warm-up
         server = TicketServer(url)
         cache = CachedSource(server, supply=2.0, window=window)
         try:
-            server.next_id("burst")  # first contact (the DDL) outside the cache's warm-up
-            h.log(
-                f"[{backend}] {h.redact(url)}: "
-                + ", ".join(f"{n} {r:,.0f}/s x {s:g} s" for n, r, s in phases)
-            )
+            h.log(f"[{backend}] {url!r}: "
+                  + ", ".join(f"{n} {r:,.0f}/s x {s:g} s" for n, r, s in phases))
             samples = drive(cache, phases)
-            info = h.server_info(backend, url)
         finally:
             burned = cache.close()
             server.close()
     out = summarize(samples)
     for p in out:
-        h.log(
-            f"  {p['phase']:8s} {p['ids']:7,d} ids at {p['achieved_rate']:7,.0f}/s: "
-            f"{p['round_trips']} round trips, blocking waits {p['blocking_waits']}, "
-            f"blocks {p['block_sizes'][:1]}-{p['block_sizes'][-1:]}"
-        )
+        h.log(f"  {p['phase']:8s} {p['ids']:7,d} ids at {p['achieved_rate']:7,.0f}/s: "
+              f"{p['round_trips']} round trips, blocking waits {p['blocking_waits']}, "
+              f"blocks {p['block_sizes'][:1]}-{p['block_sizes'][-1:]}")
     waits = sum(p["blocking_waits"] for p in out[1:])
-    check = {"median": waits, "target": 0, "passed": waits == 0}
-    return {
-        "phases": out,
-        "blocking_waits_after_warmup": check,
-        "samples": samples,
-        "burned_at_close": burned,
-        "server": info,
-    }
+    return {"phases": out, "blocking_waits_after_warmup": h.check(waits, 0),
+            "samples": samples, "burned_at_close": burned}
 
 
 def plot(results: dict[str, Any], env: dict[str, Any]) -> Any:
-    """Per backend, stacked over time: block size, ids in hand, cumulative round trips and
-    blocking waits, with the burst shaded."""
-    plt = h.pyplot()
-    fig, axes = plt.subplots(
-        4, len(results), figsize=(7 * len(results) + 1, 10), sharex=True, squeeze=False
-    )
-    for col, (backend, r) in enumerate(results.items()):
-        ts = [s["t"] for s in r["samples"]]
-        marks = [s["t"] for s in r["samples"] if "phase" in s]
-        for row, key in enumerate(("block_size", "in_hand", "round_trips", "blocking_waits")):
-            ax = axes[row][col]
-            ax.axvspan(marks[0], marks[1], color="#dddddd")
-            ax.axvspan(marks[2], marks[3], color="#ffe2c6")
-            ax.step(ts, [s[key] for s in r["samples"]], where="post")
-            ax.set_ylabel(key.replace("_", " "))
-        per = ", ".join(f"{p['round_trips_per_1000_ids'] or 0:.3f}" for p in r["phases"])
-        axes[0][col].set_title(
-            f"{h.LABELS[backend]}: blocking waits after warm-up "
-            f"{r['blocking_waits_after_warmup']['median']}\nround trips per 1,000 ids: {per}"
-        )
-        axes[3][col].set_xlabel("seconds (grey: warm-up, orange: 10x burst)")
-    fig.suptitle("A tenfold burst through CachedSource(TicketServer(db), supply=2 s, window=5 s)")
-    fig.text(
-        0.01,
-        0.005,
-        f"one process, real time; stats() every 100 ms; {h.load_text(env)}",
-        fontsize=7.5,
-    )
+    """A panel per figure over time — block size, ids in hand, round trips and blocking waits
+    (cumulative) — a line per backend; the warm-up shaded grey, the burst orange."""
+    fig, axes = h.figure(4, "A tenfold burst through CachedSource(TicketServer(db), supply=2 s, "
+                         "window=5 s)", env, "one process, real time; stats() every 100 ms",
+                         width=4.5)
+    marks = [s["t"] for s in next(iter(results.values()))["samples"] if "phase" in s]
+    for ax, key in zip(axes, ("block_size", "in_hand", "round_trips", "blocking_waits"),
+                       strict=True):
+        ax.axvspan(marks[0], marks[1], color="#dddddd")
+        ax.axvspan(marks[2], marks[3], color="#ffe2c6")
+        for backend, r in results.items():
+            ax.step([s["t"] for s in r["samples"]], [s[key] for s in r["samples"]],
+                    where="post", label=h.LABELS[backend])
+        ax.set_title(key.replace("_", " "), fontsize=10)
+        ax.set_xlabel("seconds", fontsize=9)
+    axes[0].legend(fontsize=7)
+    fig.subplots_adjust(left=0.05, wspace=0.3)
     return fig
 
 
 def main(argv: list[str] | None = None) -> int:
     args = h.parse_args(__doc__, argv, backends=("postgresql", "mysql"))
     warm, length = (0.2, 0.3) if args.smoke else (3.0, 10.0)
-    phases = [
-        ("warm-up", RATE, warm),
-        ("base", RATE, length),
-        ("burst", 10 * RATE, length),
-        ("after", RATE, 2 * length),
-    ]
+    phases = [("warm-up", RATE, warm), ("base", RATE, length), ("burst", 10 * RATE, length),
+              ("after", RATE, 2 * length)]
     window = 1.0 if args.smoke else 5.0
-    env = h.environment()
     results = {backend: run_backend(backend, phases, window) for backend in args.backends}
-    return h.report(
-        args,
-        NAME,
-        env=env,
-        results=results,
-        figure=plot(results, env),
-        parameters={
-            "phases": phases,
-            "supply": 2.0,
-            "window": window,
-            "sample_every": SAMPLE_EVERY,
-        },
-        checks={
-            f"{b} blocking waits after warm-up": r["blocking_waits_after_warmup"]
-            for b, r in results.items()
-        },
-    )
+    return h.report(args, NAME, results, figure=plot(results, args.env),
+                    parameters={"phases": phases, "supply": 2.0, "window": window},
+                    checks={f"{b} blocking waits after warm-up": r["blocking_waits_after_warmup"]
+                            for b, r in results.items()})
 
 
 if __name__ == "__main__":

@@ -1,11 +1,18 @@
-"""Ticket round trips: ``TicketServer.next_id`` / ``next_block(seq, 1000)`` vs the raw driver.
+"""Ticket round trips: ``TicketServer.next_id`` / ``next_block(seq, 1000)`` against the bare
+driver running the same take, and what the rewind guard costs in the database.
 
-A :class:`TicketServer` on a throwaway database issues ids of sequence ``bench_ours``. The
-baseline is the bare driver (sqlite3 / psycopg / PyMySQL) on one connection in autocommit,
-opened with the connect arguments the library uses, running the library's own compiled
-statement (read from its statement cache, so the SQL text and parameters are identical) on
-sequence ``bench_raw``, whose table the server created. Overhead = our time per round trip /
-raw time per round trip, median of per-round ratios. Target: <= 1.2 for both calls, every backend.
+A ``TicketServer`` with its defaults issues ids of ``bench`` on a throwaway database. The
+baseline is the bare driver (sqlite3, psycopg with ``prepare_threshold=None`` as the library's
+connections, PyMySQL) on a connection of its own in autocommit, running the take written out
+here, as ``docs/rewinds.md`` describes it, on a one-row table of its own: ``raw``, ``UPDATE
+bench_raw SET id = id + :n WHERE stub = 'a' AND id <= :max AND step = 1 AND lane = 1 RETURNING
+id`` (MySQL/MariaDB: ``SET id = LAST_INSERT_ID(id + :n)``, read from ``lastrowid``); ``raw
+guarded``, with the rewind guard the library's take carries (PostgreSQL: the table's OID and the
+timeline; MySQL/MariaDB: ``@@server_id`` and the InnoDB table id; SQLite checks at an interval
+instead, so there both are the plain take). 21 rounds; round trips per run calibrated to ~0.15 s
+of raw; ids issued checked. ``next_id / raw guarded`` and ``next_block(1000) / raw guarded``:
+what the library adds around its statement, **target <= 1.2**; ``raw guarded / raw``: the
+guard's cost per take in the database (per block: never per id behind a cache).
 
     .venv/bin/python benchmarks/bench_roundtrip.py [--smoke] [--backends sqlite,postgresql,mysql]
 """
@@ -16,115 +23,104 @@ import sys
 import time
 from typing import Any
 
-import _common as h
+import _harness as h
+import sqlalchemy as sa
 
 from sqlalchemy_tickets import TicketServer
 
-NAME, TARGET, BLOCK = "bench_roundtrip", 1.2, 1000
-CALLS = {"next_id": 1, "next_block": BLOCK}  # ids per round trip
+NAME, TARGET, BLOCK, SEQ = "bench_roundtrip", 1.2, 1000, "bench"
+MAX = 2**63 - 1 - BLOCK
+TAKE = {  # backend -> the take, {x} standing for the parameter x
+    "postgresql": "UPDATE bench_raw SET id = id + {n} WHERE {where} RETURNING id",
+    "sqlite": "UPDATE bench_raw SET id = id + {n} WHERE {where} RETURNING id",
+    "mysql": "UPDATE bench_raw SET id = LAST_INSERT_ID(id + {n}) WHERE {where}",
+}
+WHERE = "stub = 'a' AND id <= {max} AND step = 1 AND lane = 1"
+TIMELINE = "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"
+INNODB_ID = ("(SELECT TABLE_ID FROM information_schema.INNODB_SYS_TABLES "
+             "WHERE NAME = CONCAT(DATABASE(), '/bench_raw'))")
+GUARD = {  # backend -> (the guard's conditions, the query reading their parameters)
+    "postgresql": (f" AND tableoid::bigint = {{oid}} AND {TIMELINE} = {{timeline}}",
+                   f"SELECT 'bench_raw'::regclass::oid::bigint AS oid, {TIMELINE} AS timeline"),
+    "mysql": (f" AND @@server_id = {{server}} AND {INNODB_ID} = {{table}}",
+              f"SELECT @@server_id AS server, {INNODB_ID} AS `table`"),
+}
 
 
-def raw_driver(server: TicketServer, sequence: str, ids: int) -> tuple[Any, Any]:
-    """``(connection, call)``: a bare DBAPI connection in autocommit, opened as the server opens
-    its own, and ``call(cursor)``, making the library's round trip for ``ids`` ids on it."""
-    from sqlalchemy_tickets._naming import ticket_table
-    from sqlalchemy_tickets.dialects import backend_for
+def raw_takes(url: Any, backend: str) -> tuple[Any, Any, dict[str, Any]]:
+    """``(engine, connection, {"raw": call, "raw guarded": call})``: a bare DBAPI connection in
+    autocommit on the script's own ticket table, and ``call(cursor)`` making one take on it."""
+    args = {"prepare_threshold": None} if backend == "postgresql" else {}
+    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool,
+                              connect_args=args)
+    guard, read_guards = GUARD.get(backend, ("", None))
+    with engine.connect() as conn:
+        conn.exec_driver_sql("CREATE TABLE bench_raw (stub CHAR(1) NOT NULL PRIMARY KEY, "
+                             "id BIGINT NOT NULL, step INTEGER NOT NULL, lane INTEGER NOT NULL)")
+        conn.exec_driver_sql("INSERT INTO bench_raw VALUES ('a', 0, 1, 1)")
+        guards = dict(conn.exec_driver_sql(read_guards).mappings().one()) if read_guards else {}
+    params = {"n": 1, "max": MAX, **guards}
+    marker = {k: f":{k}" if backend == "sqlite" else f"%({k})s" for k in params}
+    connection = engine.raw_connection()
 
-    server.next_block(sequence, ids)  # creates the table and fills the statement cache
-    engine, dialect = server.engine, server.engine.dialect
-    backend, table = backend_for(dialect.name), ticket_table(sequence)
-    # The take the server runs: guarded by the table's identity where the backend checks it
-    # in the statement (TicketBackend.take_block).
-    identity = server._known[sequence, 64].identity
-    guards = backend.identity_guards(identity) if identity is not None and identity.guard else {}
-    key = backend.guarded_take(identity)[0] if guards and identity is not None else "take_block"
-    stmt = backend.statement(dialect, table, key, lambda _: None)
-    info = server.describe(sequence)
-    assert stmt is not None and info is not None, "the library's statement was not cached"
-    step = ids * info.increment  # the parameters TicketBackend.take_block passes
-    sql, params = (
-        stmt.sql,
-        stmt.params(
-            step=step, max=table.max_id - step, increment=info.increment, offset=info.offset,
-            **guards,
-        ),
-    )
-    pooled = engine.raw_connection()  # made exactly as the server makes its own, in autocommit
-    pooled.detach()  # and no longer the pool's
-    conn = pooled.dbapi_connection
-    mysql = dialect.name == "mysql"  # LAST_INSERT_ID(id + step): the id is the lastrowid
+    def take(where: str) -> Any:
+        sql = TAKE[backend].format(where=where, **marker).format(**marker)
+        if backend == "mysql":
+            return lambda cursor: (cursor.execute(sql, params), cursor.lastrowid)
+        return lambda cursor: (cursor.execute(sql, params), cursor.fetchone())
 
-    def call(cursor: Any) -> Any:
-        cursor.execute(sql, params)
-        return cursor.lastrowid if mysql else cursor.fetchone()
-
-    return conn, call
-
-
-def variants(server: TicketServer, conn: Any, call: Any, label: str, calls: int) -> list[Any]:
-    """Ours and raw for one call; the raw cursor is closed after each run (on SQLite that
-    resets the statement, so no write lock outlives the run)."""
-    ids = CALLS[label]  # next_id: the public single-id call, as an application makes it
-    ours = (
-        h.loop(server.next_id, calls, "bench_ours")
-        if ids == 1
-        else (h.loop(server.next_block, calls, "bench_ours", ids))
-    )
-    raw = lambda cursor: h.loop(call, calls, cursor)()  # noqa: E731
-    return [
-        h.Variant(f"ours {label}", ours, per=calls),
-        h.Variant(f"raw {label}", raw, conn.cursor, lambda cursor: cursor.close(), calls),
-    ]
+    takes = {"raw": take(WHERE), "raw guarded": take(WHERE + guard)}
+    cursor = connection.cursor()
+    assert all(call(cursor)[1] for call in takes.values()), "a raw take advanced nothing"
+    cursor.close()
+    return engine, connection, takes
 
 
 def run_backend(args: Any, backend: str) -> dict[str, Any]:
     with h.throwaway_database(backend) as url:
-        server, conns = TicketServer(url), {}
+        h.first_contact(url, [SEQ])
+        server = TicketServer(url)
+        engine, connection, takes = raw_takes(url, backend)
         try:
-            server.next_id("bench_ours")  # first contact: creates the table
-            raw = {label: raw_driver(server, "bench_raw", ids) for label, ids in CALLS.items()}
-            conns = {label: conn for label, (conn, _) in raw.items()}
-            cursor, start = conns["next_id"].cursor(), time.perf_counter()
-            h.loop(raw["next_id"][1], 20, cursor)()
-            per_call = (time.perf_counter() - start) / 20  # ~0.15 s of raw round trips a run
+            cursor, start = connection.cursor(), time.perf_counter()
+            h.loop(takes["raw"], 20, cursor)()
+            per_call = (time.perf_counter() - start) / 20
             cursor.close()
             calls = 20 if args.smoke else max(100, min(5000, int(0.15 / per_call)))
-            h.log(f"[{backend}] {h.redact(url)}: {calls} round trips per run")
-            chosen = [v for k, (c, r) in raw.items() for v in variants(server, c, r, k, calls)]
-            before = server.next_id("bench_ours")
-            timings = h.interleave(chosen, h.rounds(args, 21), label=f"{backend} ")
-            issued = server.next_id("bench_ours") - before - 1
-            expected = (len(timings.orders) + 1) * calls * sum(CALLS.values())
-            assert issued == expected, f"ours issued {issued} ids, expected {expected}"
-            info = h.server_info(backend, url)
+            h.log(f"[{backend}] {url!r}: {calls} round trips per run")
+            variants = [h.Variant("next_id", h.loop(server.next_id, calls, SEQ), per=calls),
+                        h.Variant(f"next_block({BLOCK})",
+                                  h.loop(server.next_block, calls, SEQ, BLOCK), per=calls)]
+            variants += [h.Variant(name, lambda cursor, t=take: h.loop(t, calls, cursor)(),
+                                   connection.cursor, lambda cursor: cursor.close(), calls)
+                         for name, take in takes.items() if name == "raw" or backend in GUARD]
+            before = server.next_id(SEQ)
+            timings = h.interleave(variants, h.rounds(args, 21), label=f"{backend} ")
+            issued = server.next_id(SEQ) - before - 1
+            expected = (len(timings.orders) + 1) * calls * (1 + BLOCK)
+            assert issued == expected, f"the server issued {issued} ids, expected {expected}"
+            stats = server.stats()
         finally:
-            for conn in conns.values():
-                conn.close()
+            connection.close()
+            engine.dispose()
             server.close()
-    ratios = {k: h.ratio_summary(timings, f"ours {k}", f"raw {k}", TARGET) for k in CALLS}
+    guarded = "raw guarded" if backend in GUARD else "raw"
+    ratios = {f"{name} / {guarded}": h.ratio_summary(timings, name, guarded, TARGET)
+              for name in ("next_id", f"next_block({BLOCK})")}
+    if backend in GUARD:
+        ratios["raw guarded / raw"] = h.ratio_summary(timings, "raw guarded", "raw")
     us = {name: timings.median(name) * 1e6 for name in timings.seconds}
-    return {"ratios": ratios, "median_us_per_round_trip": us, "server": info, **timings.to_json()}
+    return {"ratios": ratios, "median_us_per_round_trip": us, "server_stats": stats,
+            **timings.to_json()}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = h.parse_args(__doc__, argv)
-    env = h.environment()
-    results = {backend: run_backend(args, backend) for backend in args.backends}
-    checks = {f"{b} {k}": r["ratios"][k] for b, r in results.items() for k in CALLS}
-    title = "Ticket round trip: TicketServer vs the raw driver, same SQL"
-    fig, (left, right) = h.figure(2, title, env)
-    h.ratio_panel(left, h.flatten(results, "ratios"), f"ours / raw (target <= {TARGET})")
-    us = h.flatten(results, "median_us_per_round_trip")
-    h.value_panel(right, us, "median µs per round trip", "µs")
-    return h.report(
-        args,
-        NAME,
-        env=env,
-        parameters={"block": BLOCK, "target": TARGET},
-        results=results,
-        checks=checks,
-        figure=fig,
-    )
+    return h.report(args, NAME, {backend: run_backend(args, backend) for backend in args.backends},
+                    title="Ticket round trip: TicketServer vs the raw driver",
+                    values=("median_us_per_round_trip", "median µs per round trip", "µs"),
+                    parameters={"block": BLOCK, "target": TARGET, "raw_takes": TAKE,
+                                "guards": {b: g[0] for b, g in GUARD.items()}})
 
 
 if __name__ == "__main__":

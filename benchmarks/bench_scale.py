@@ -1,36 +1,20 @@
 """Many sequences in one process: threads, memory, first contact, per-id cost, blocking waits and
 close, for S sequences.
 
-For each S (default 10, 100, 1,000, 5,000) and each layout — ``server``:
-``CachedSource(TicketServer(url))``, and ``tier``: ``CachedSource(DatacenterTier(dc_url,
-TicketServer(global_url)))``, every source with its defaults — a worker process of its own, on
-two fresh throwaway databases of the backend (global, datacenter), does in order:
-
-1. makes the global server's S tables with ``TicketServer.create_tables`` (what ``init`` does
-   once for a fleet; timed apart: ``create_tables_seconds``), builds the sources and draws
-   200,000 ids of one sequence, ``warm`` (untimed: connections, statement caches, the tier's
-   tables; the one-sequence reference of step 4);
-2. **first contact**: ``cache.prepare(names)`` then the first id of each of the S sequences,
-   wall time in all (``first_contact_seconds``; goal <= 5 s at S = 5,000). Then, for a sample
-   of ``--lazy`` more fresh sequences (default 100), the first id one sequence at a time with
-   nothing prepared (each table created on first use): ``lazy_first_contact_per_sequence``;
-3. **threads** the library started (``threading.enumerate()`` less the threads there before
-   step 1) and **RSS growth per sequence** (``VmRSS`` of ``/proc/self/status`` after step 2's
-   refills landed, less before step 2, over S);
-4. **warm per-id cost**: N = max(20,000, 8 x S) ``next_id`` calls per run cycling round robin
-   over the S sequences (each warmed first with 40 runs' worth of ids, as ``warm`` was: a cache
-   holds no more of a sequence than it issued) vs N on ``warm``, the same loop over a list of
-   names, in interleaved rounds (one untimed warm-up round; refills in flight awaited before
-   each run). The figure
-   is the median of the per-round ratios; blocking waits and round trips of the timed runs are
-   counted (``CachedSource.stats()``) per 1,000 ids;
-5. **close**: ``CachedSource.close()`` over the S + 1 lanes (their ids given back in one call
-   where the source takes many), timed, with what it gave back and burned; then the tier and
-   the server closed, and the threads still alive afterwards.
-
-A process per case, so that RSS and thread counts are the case's own. Goals, checked at the
-largest S: threads <= 8, <= 20 KB RSS per sequence, round robin / one <= 1.5, first contact
-<= 5 s, close <= 1 s, 0 blocking waits. ``--smoke``: S = 10, 50, N = 1,000, one round.
+For each S (default 10, 100, 1,000, 5,000) and layout — ``server``:
+``CachedSource(TicketServer(url))``, ``tier``: ``CachedSource(DatacenterTier(dc_url,
+TicketServer(global_url)))``, every source at its defaults but ``timeout=30`` (the figures are
+times, and no set-up may be cut by the 2 s default) — a forked process of its own (its RSS and
+threads are the case's) on two fresh databases: (1) makes the S tables with
+``TicketServer.create_tables`` (timed apart) and draws 200,000 ids of one sequence, ``warm``;
+(2) **first contact**: ``cache.prepare(names)`` and the first id of each (goal <= 5 s at
+S = 5,000), then the first id of ``--lazy`` fresh sequences one at a time, nothing prepared;
+(3) **threads** the library started and **RSS growth per sequence**; (4) **warm per-id cost**:
+N = max(20,000, 8 S) ``next_id`` calls per run, round robin over the S sequences (each warmed
+first) vs N on ``warm``, interleaved, refills awaited before each run, blocking waits and round
+trips per 1,000 ids counted; (5) **close** of the S + 1 lanes, timed, ids given back and burned.
+Goals at the largest S: <= 8 threads, <= 20 KB per sequence, round robin / one <= 1.5, first
+contact <= 5 s, close <= 1 s, 0 blocking waits. ``--smoke``: S = 10, 50, N = 1,000, one round.
 
     .venv/bin/python benchmarks/bench_scale.py [--smoke] [--sizes 10,100,1000,5000]
         [--layouts server,tier] [--lazy 100] [--rounds 7] [--backends postgresql]
@@ -41,79 +25,67 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-import multiprocessing
-import os
 import re
 import sys
 import threading
 import time
-import traceback
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-import _common as h
+import _harness as h
 
 from sqlalchemy_tickets import CachedSource, DatacenterTier, TicketServer
 
-NAME = "bench_scale"
-LAYOUTS = {
-    "server": "CachedSource(TicketServer(url))",
-    "tier": "CachedSource(DatacenterTier(dc_url, TicketServer(global_url)))",
-}
+NAME, ROUNDS, PER_LANE, WARM_RUNS, PRIME = "bench_scale", 7, 8, 40, 200_000
+LAYOUTS = {"server": "CachedSource(TicketServer(url))",
+           "tier": "CachedSource(DatacenterTier(dc_url, TicketServer(global_url)))"}
 ONE, RR, WARM = "one sequence", "round robin over S", "warm"
-ROUNDS = 7
-PER_LANE = 8  # ids per sequence per round-robin run, at least
-WARM_RUNS = 40  # round-robin runs' worth of ids each lane issues before the timed runs
-PRIME = 200_000
-GOALS = {
-    "threads": 8,
-    "rss_kb_per_sequence": 20.0,
-    "round_robin_over_one": 1.5,
-    "first_contact_seconds": 5.0,
-    "close_seconds": 1.0,
-    "blocking_waits_per_1000_ids": 0.0,
+OPTIONS = {"timeout": h.SETUP_TIMEOUT}
+PANELS = {  # figure -> (title, unit, goal at the largest S)
+    "threads": ("threads the library started", "threads", 8),
+    "rss_kb_per_sequence": ("RSS growth per sequence", "KB", 20.0),
+    "first_contact_seconds": ("prepare + first id of every sequence", "s", 5.0),
+    "round_robin_over_one": ("warm next_id: round robin over S / one sequence", "×", 1.5),
+    "blocking_waits_per_1000_ids": ("blocking waits per 1,000 ids, round robin", "waits", 0.0),
+    "close_seconds": ("CachedSource.close() over S lanes", "s", 1.0),
 }
 
 
 def memory() -> dict[str, int]:
     """``VmRSS`` and ``VmSize`` of this process, in KB."""
     with open("/proc/self/status") as status:
-        return {
-            key: int(value.split()[0])
-            for key, _, value in (line.partition(":") for line in status)
-            if key in ("VmRSS", "VmSize")
-        }
+        fields = dict(line.split(":", 1) for line in status if ":" in line)
+    return {key: int(fields[key].split()[0]) for key in ("VmRSS", "VmSize")}
 
 
 def library_threads(before: set[int]) -> dict[str, int]:
     """The threads started since ``before``, counted by name (numbers masked)."""
-    return dict(Counter(
-        re.sub(r"_\d+$", "_<n>", t.name) for t in threading.enumerate() if t.ident not in before
-    ))
+    return dict(Counter(re.sub(r"_\d+$", "_<n>", t.name) for t in threading.enumerate()
+                        if t.ident not in before))
 
 
-def measure(spec: dict[str, Any]) -> dict[str, Any]:
+def measure(spec: dict[str, Any], conn: Any) -> None:
+    """One case, in a process of its own; its figures sent on ``conn``."""
     label = f"{spec['backend']}/{spec['layout']}/S={spec['sequences']}: "
     names = [f"{spec['prefix']}{i:05d}" for i in range(spec["sequences"])]
     lazy = [f"{spec['prefix']}lazy{i:04d}" for i in range(spec["lazy"])]
     before = {t.ident for t in threading.enumerate() if t.ident is not None}
-    server = TicketServer(spec["global_url"])
+    server = TicketServer(spec["global_url"], **OPTIONS)
     started = time.perf_counter()
     server.create_tables(names)
     out: dict[str, Any] = {"layout": LAYOUTS[spec["layout"]],
                            "create_tables_seconds": time.perf_counter() - started}
-    tier = None if spec["dc_url"] is None else DatacenterTier(spec["dc_url"], upstream=server)
-    cache = CachedSource(tier if tier is not None else server)
+    tier = spec["dc_url"] and DatacenterTier(spec["dc_url"], upstream=server, **OPTIONS)
+    cache = CachedSource(tier or server, **OPTIONS)
+    idle = [s for s in (cache, tier) if s]
     try:
         h.loop(cache.next_id, spec["prime"], spec["prefix"] + WARM)()
-        for source in (cache, tier):
-            if source is not None:
-                source.wait_idle(30.0)
+        for source in idle:
+            source.wait_idle(30.0)
         gc.collect()
-        mem0 = memory()
+        mem0, waits = memory(), cache.stats()["blocking_waits"]
         h.log(f"  {label}first contact")
-        waits = cache.stats()["blocking_waits"]
         started = time.perf_counter()
         cache.prepare(names)
         prepared = time.perf_counter() - started
@@ -121,21 +93,15 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             cache.next_id(name)
         contact = time.perf_counter() - started
         first_waits = cache.stats()["blocking_waits"] - waits
-        cache.wait_idle(30.0)
-        if tier is not None:
-            tier.wait_idle(30.0)
+        for source in idle:
+            source.wait_idle(30.0)
         gc.collect()
-        mem1 = memory()
-        s = len(names)
-        out.update(
-            sequences=s,
-            prepare_seconds=prepared,
-            first_contact_seconds=contact,
-            first_contact_blocking_waits=first_waits,
-            threads_by_name=library_threads(before),
-            rss_kb_per_sequence=(mem1["VmRSS"] - mem0["VmRSS"]) / max(1, s),
-            vmsize_kb_per_sequence=(mem1["VmSize"] - mem0["VmSize"]) / max(1, s),
-        )
+        mem1, s = memory(), len(names)
+        out.update(sequences=s, prepare_seconds=prepared, first_contact_seconds=contact,
+                   first_contact_blocking_waits=first_waits,
+                   threads_by_name=library_threads(before),
+                   rss_kb_per_sequence=(mem1["VmRSS"] - mem0["VmRSS"]) / max(1, s),
+                   vmsize_kb_per_sequence=(mem1["VmSize"] - mem0["VmSize"]) / max(1, s))
         out["threads"] = sum(out["threads_by_name"].values())
         took = []
         for name in lazy:
@@ -144,16 +110,14 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             took.append(time.perf_counter() - began)
         out["lazy_first_contact_per_sequence"] = h.distribution(took)
         h.log(f"  {label}prepare + first ids {contact:.2f} s ({prepared:.2f} s prepare), "
-              f"{out['threads']} threads, {out['rss_kb_per_sequence']:.1f} KB per sequence, "
-              f"lazy first id p50 {out['lazy_first_contact_per_sequence'].get('p50', 0):.4f} s")
+              f"{out['threads']} threads, {out['rss_kb_per_sequence']:.1f} KB per sequence")
         n = max(spec["ids_per_run"], PER_LANE * s)
-        # Warm, as the one sequence is: each lane has issued a few dozen runs' worth of ids (a
-        # cache holds no more than a lane issued), so the timed runs measure the hot path.
-        for _ in range(WARM_RUNS * math.ceil(n / s)):
+        for _ in range(WARM_RUNS * math.ceil(n / s)):  # warm, as the one sequence is
             for name in names:
                 cache.next_id(name)
         lists = {RR: (names * math.ceil(n / s))[:n], ONE: [spec["prefix"] + WARM] * n}
-        counts: dict[str, list[dict[str, int]]] = {RR: [], ONE: []}
+        counts: dict[str, dict[str, list[int]]] = {v: {"blocking_waits": [], "round_trips": []}
+                                                   for v in lists}
 
         def variant(which: str) -> h.Variant:
             def run(_: Any = None) -> None:
@@ -161,29 +125,22 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                 for name in lists[which]:
                     next_id(name)
 
-            def setup() -> dict[str, int]:
-                cache.wait_idle(30.0)
-                stats = cache.stats()
-                return {k: stats[k] for k in ("blocking_waits", "round_trips")}
-
-            def teardown(before_run: dict[str, int]) -> None:
-                stats = cache.stats()
-                counts[which].append({k: stats[k] - v for k, v in before_run.items()})
-
-            return h.Variant(which, run, setup, teardown, per=n)
+            plain = h.Variant(which, run, per=n)
+            for key, into in counts[which].items():
+                plain = h.watched(plain, cache, into, key)
+            return plain
 
         timings = h.interleave([variant(RR), variant(ONE)], spec["rounds"], label=label)
-        ids = n * spec["rounds"]
+        ratio = h.ratio_summary(timings, RR, ONE)
         out["warm"] = {
-            "ids_per_run": n,
-            "ratio": h.ratio_summary(timings, RR, ONE),
+            "ids_per_run": n, "ratio": ratio,
             "median_ns_per_id": {v: timings.median(v) * 1e9 for v in timings.seconds},
-            "per_1000_ids": {
-                v: {k: sum(r[k] for r in counts[v][1:]) * 1000 / ids for k in counts[v][0]}
-                for v in counts
-            },
+            "per_1000_ids": {v: {k: sum(x[1:]) * 1000 / (n * spec["rounds"])
+                                 for k, x in c.items()} for v, c in counts.items()},
             **timings.to_json(),
         }
+        out["round_robin_over_one"] = ratio["median"]
+        out["blocking_waits_per_1000_ids"] = out["warm"]["per_1000_ids"][RR]["blocking_waits"]
         cache.wait_idle(30.0)
         held = cache.stats()
         started = time.perf_counter()
@@ -194,126 +151,51 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                         "burned": burned}
     finally:
         cache.close()
-        if tier is not None:
+        if tier:
             tier.close()
         server.close()
     deadline = time.monotonic() + 10.0  # threads end once they see the close
-    while set(library_threads(before)) - {"sqlalchemy-tickets-watchdog"}:
-        if time.monotonic() > deadline:
-            break
+    while set(library_threads(before)) - {"sqlalchemy-tickets-watchdog"} and (
+            time.monotonic() < deadline):
         time.sleep(0.05)
     out["threads_after_close"] = library_threads(before)
     h.log(f"  {label}close {out['close_seconds']:.2f} s, left: {out['threads_after_close']}")
-    return out
+    conn.send(out)
 
 
-def _case(spec: dict[str, Any], pipe: Any) -> None:
-    try:
-        pipe.send(measure(spec))
-    except BaseException as error:
-        pipe.send({"error": repr(error), "traceback": traceback.format_exc()})
-    finally:
-        pipe.close()
-
-
-def run_case(spec: dict[str, Any], limit: float) -> dict[str, Any]:
-    """``measure(spec)`` in a process of its own (forked where the platform can: the parent
-    holds no thread and none of the library's objects), killed after ``limit`` seconds."""
-    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods()
-                                      else "spawn")
-    mine, theirs = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=_case, args=(spec, theirs), daemon=True)
-    process.start()
-    theirs.close()
-    try:
-        result: dict[str, Any] = (
-            mine.recv() if mine.poll(limit) else {"error": f"no result within {limit:.0f} s"}
-        )
-    except EOFError:
-        result = {"error": f"the worker died (exit code {process.exitcode})"}
-    finally:
-        process.join(30)
-        if process.is_alive():
-            process.kill()
-        mine.close()
-    if "error" in result:
-        h.log(f"  FAILED: {result['error']}\n{result.get('traceback', '')}")
+def run_case(spec: dict[str, Any]) -> dict[str, Any]:
+    """:func:`measure` in a process of its own (forked: the parent holds no thread and none of
+    the library's objects), given 30 minutes; a case that failed is recorded and the run goes
+    on."""
+    with h.Fleet(measure, method="fork", grace=30) as fleet:
+        fleet.start([spec])
+        try:
+            result: dict[str, Any] = fleet.hear(timeout=1800)[0]
+        except RuntimeError as error:
+            h.log(f"  FAILED: {error}")
+            result = {"error": str(error)}
     return result
 
 
-def figure_value(row: dict[str, Any], key: str) -> float:
-    if key == "ratio":
-        return float(row["warm"]["ratio"]["median"])
-    if key == "waits":
-        return float(row["warm"]["per_1000_ids"][RR]["blocking_waits"])
-    return float(row[key])
-
-
-PANELS = (
-    ("threads", "threads the library started", "threads", "threads"),
-    ("rss_kb_per_sequence", "RSS growth per sequence", "KB", "rss_kb_per_sequence"),
-    ("first_contact_seconds", "prepare + first id of every sequence", "s",
-     "first_contact_seconds"),
-    ("ratio", "warm next_id: round robin over S / one sequence", "×", "round_robin_over_one"),
-    ("waits", "blocking waits per 1,000 ids, round robin", "waits",
-     "blocking_waits_per_1000_ids"),
-    ("close_seconds", "CachedSource.close() over S lanes", "s", "close_seconds"),
-)
-
-
 def draw(env: dict[str, Any], results: dict[str, Any]) -> Any:
-    plt = h.pyplot()
-    fig, grid = plt.subplots(2, 3, figsize=(16, 9))
-    fig.suptitle("Many sequences in one process, by S")
-    fig.text(0.01, 0.01, f"a process per point; {h.RATIO_NOTE} (ratio panel); "
-             f"{h.load_text(env)} at start", fontsize=7.5, color="dimgray")
-    for ax, (key, title, unit, goal) in zip(grid.flat, PANELS, strict=True):
-        for backend, layouts in results.items():
-            for layout, rows in layouts.items():
-                points = sorted((int(s), figure_value(row, key))
-                                for s, row in rows.items() if "error" not in row)
-                if points:
-                    ax.plot(*zip(*points, strict=True), "s-" if layout == "tier" else "o--",
-                            label=f"{h.LABELS.get(backend, backend)}: {layout}")
-                    for x, y in points:
-                        ax.annotate(f"{y:,.3g}", (x, y), xytext=(3, 3),
-                                    textcoords="offset points", fontsize=7)
-        if GOALS.get(goal):
-            ax.axhline(GOALS[goal], color="red", linestyle=":", linewidth=1.2, label="goal")
-        ax.set_xscale("log")
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("sequences S (log)", fontsize=9)
-        ax.set_ylabel(unit, fontsize=9)
-        ax.legend(fontsize=7)
-    fig.subplots_adjust(left=0.06, right=0.98, hspace=0.35, wspace=0.3, bottom=0.09, top=0.9)
+    fig, axes = h.figure(6, "Many sequences in one process, by S (a process per point)", env,
+                         width=4.0)
+    for ax, (key, (title, unit, goal)) in zip(axes, PANELS.items(), strict=True):
+        h.line_panel(ax, {f"{h.LABELS[b]}: {layout}": [(int(s), float(row[key])) for s, row in
+                                                        rows.items() if "error" not in row]
+                          for b, layouts in results.items() for layout, rows in layouts.items()},
+                     title, unit, "sequences S", goal=goal)
+    fig.subplots_adjust(left=0.04, wspace=0.35)
     return fig
 
 
-def checks_for(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The goals at the largest S, per backend and layout."""
-    out: dict[str, dict[str, Any]] = {}
-    for backend, layouts in results.items():
-        for layout, rows in layouts.items():
-            done = {int(s): row for s, row in rows.items() if "error" not in row}
-            if not done:
-                continue
-            s = max(done)
-            for key, _, _, goal in PANELS:
-                value = figure_value(done[s], key)
-                out[f"{backend} {layout} S={s}: {goal}"] = {
-                    "median": value, "target": GOALS[goal], "passed": value <= GOALS[goal],
-                }
-    return out
-
-
-def options(parser: Any) -> None:
-    parser.add_argument("--sizes", default=None, help="numbers of sequences, comma-separated")
-    parser.add_argument("--layouts", default="server,tier", help="server,tier")
-    parser.add_argument("--lazy", type=int, default=None,
-                        help="fresh sequences whose first id is taken one at a time")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    def options(parser: Any) -> None:
+        parser.add_argument("--sizes", default=None, help="numbers of sequences, comma-separated")
+        parser.add_argument("--layouts", default="server,tier", help="server,tier")
+        parser.add_argument("--lazy", type=int, default=None,
+                            help="fresh sequences whose first id is taken one at a time")
+
     args = h.parse_args(__doc__, argv, options, backends=("postgresql",))
     sizes = ([int(x) for x in args.sizes.split(",") if x.strip()] if args.sizes
              else [10, 50] if args.smoke else [10, 100, 1000, 5000])
@@ -322,43 +204,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("--sizes takes positive numbers, --layouts names from server,tier")
     n = 1_000 if args.smoke else 20_000
     lazy = args.lazy if args.lazy is not None else (5 if args.smoke else 100)
-    env = h.environment()
-    results: dict[str, Any] = {}
     started = time.perf_counter()
+    results: dict[str, Any] = {}
     for backend in args.backends:
         results[backend] = {layout: {} for layout in layouts}
         for s in sizes:
             for layout in layouts:
                 h.log(f"{backend}, {layout}, S = {s}")
                 with contextlib.ExitStack() as stack:
-                    url = stack.enter_context(h.throwaway_database(backend))
-                    dc = stack.enter_context(h.throwaway_database(backend))
-                    spec = {
-                        "backend": backend, "layout": layout, "sequences": s,
-                        "prefix": f"{layout[0]}{s}_", "lazy": lazy,
-                        "global_url": url.render_as_string(hide_password=False),
-                        "dc_url": dc.render_as_string(hide_password=False)
-                        if layout == "tier" else None,
-                        "ids_per_run": n, "prime": n if args.smoke else PRIME,
-                        "rounds": h.rounds(args, ROUNDS),
-                    }
-                    results[backend][layout][str(s)] = run_case(spec, limit=1800)
+                    url, dc = h.databases(stack, backend, backend)
+                    spec = {"backend": backend, "layout": layout, "sequences": s,
+                            "prefix": f"{layout[0]}{s}_", "lazy": lazy, "global_url": url,
+                            "dc_url": dc if layout == "tier" else None, "ids_per_run": n,
+                            "prime": n if args.smoke else PRIME, "rounds": h.rounds(args, ROUNDS)}
+                    results[backend][layout][str(s)] = run_case(spec)
     failed = [f"{b} {lay} S={s}: {row['error']}" for b, ls in results.items()
               for lay, rows in ls.items() for s, row in rows.items() if "error" in row]
+    checks = {}
+    for backend, layouts_ in results.items():
+        for layout, rows in layouts_.items():
+            done = {int(s): row for s, row in rows.items() if "error" not in row}
+            for key, (_, _, goal) in PANELS.items() if done else ():
+                checks[f"{backend} {layout} S={max(done)}: {key}"] = h.check(
+                    float(done[max(done)][key]), goal)
     status = h.report(
-        args, NAME, env=env,
-        parameters={
-            "sizes": sizes, "layouts": {k: LAYOUTS[k] for k in layouts},
-            "ids_per_run": f"max({n}, {PER_LANE} x S)", "lazy_sequences": lazy,
-            "warm_sequence_primed_with": n if args.smoke else PRIME,
-            "rounds": h.rounds(args, ROUNDS), "goals_at_largest_s": GOALS,
-            "run_seconds": time.perf_counter() - started,
-            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-        },
-        results={**results, "failed_cases": failed},
-        checks=checks_for(results),
-        figure=draw(env, results),
-    )
+        args, NAME, {**results, "failed_cases": failed}, checks=checks,
+        figure=draw(args.env, results),
+        parameters={"sizes": sizes, "layouts": {k: LAYOUTS[k] for k in layouts},
+                    "source_options": OPTIONS, "ids_per_run": f"max({n}, {PER_LANE} x S)",
+                    "lazy_sequences": lazy, "warm_sequence_primed_with": n if args.smoke
+                    else PRIME, "rounds": h.rounds(args, ROUNDS), "goals_at_largest_s":
+                    {k: v[2] for k, v in PANELS.items()},
+                    "run_seconds": time.perf_counter() - started})
     return 1 if failed else status
 
 

@@ -239,8 +239,11 @@ def _mariadb_tool(name: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def dump(url: str, path: Path | str, *, timeout: float = TOOL_TIMEOUT) -> Path:
-    """Dump the database ``url`` names to ``path`` and return the path.
+def dump(
+    url: str, path: Path | str, *, tables: Sequence[str] = (), timeout: float = TOOL_TIMEOUT
+) -> Path:
+    """Dump the database ``url`` names (only ``tables``, when given) to ``path`` and return
+    the path.
 
     PostgreSQL: ``pg_dump -Fc`` (custom format, for :func:`restore`). MariaDB:
     ``mariadb-dump --single-transaction`` (plain SQL with ``DROP TABLE IF EXISTS``).
@@ -255,6 +258,7 @@ def dump(url: str, path: Path | str, *, timeout: float = TOOL_TIMEOUT) -> Path:
             *args,
             "--format=custom",
             f"--file={path}",
+            *(f"--table={table}" for table in tables),
             f"--dbname={database}",
         ]
         _run_tool(argv, env=env, timeout=timeout)
@@ -267,6 +271,7 @@ def dump(url: str, path: Path | str, *, timeout: float = TOOL_TIMEOUT) -> Path:
             "--single-transaction",
             "--skip-dump-date",
             database,
+            *tables,
         ]
         _run_tool(argv, env=env, stdout=path, timeout=timeout)
     return path

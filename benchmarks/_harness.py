@@ -1,0 +1,588 @@
+"""The benchmarks' one harness: command line, throwaway databases, side-by-side timing, worker
+processes, JSON and plots. A script is ``main(argv)``, a short declaration of what it compares:
+
+    args = h.parse_args(__doc__, argv)          # --smoke --out --backends --rounds --seed --strict
+    with h.throwaway_database(backend) as url:  # a new database, dropped afterwards
+        h.first_contact(url, ["bench"])         # ticket tables made before any clock starts
+        timings = h.interleave(variants, h.rounds(args, 21))
+    return h.report(args, NAME, {"x": h.ratio_summary(timings, "a", "b", 1.2)}, title="...")
+
+Speed is only ever a ratio of variants timed side by side in one process: each round runs every
+variant once, in an order rotating from round to round, after an untimed warm-up round, each run
+after a full collection and with the collector off; the figure reported is the **median of the
+per-round ratios**. Every JSON has one shape: ``benchmark``, ``description`` (the docstring),
+``environment`` (versions, commit, digest of ``src/``, servers' settings, load at start and
+end), ``parameters`` (with ``smoke``, ``backends``, ``seed``), ``results``, ``checks`` (each
+``{"median", "target", "passed", ...}``) and ``passed``. Only the library's public API is used
+(``tests/unit/test_benchmarks_public.py`` checks every file here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import hashlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import distributions
+from itertools import repeat
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, make_url
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_DIR = BENCH_DIR.parent
+BACKENDS = ("sqlite", "postgresql", "mysql")
+SERVERS = {  # backend -> (environment variable, default): where throwaway databases are made
+    "postgresql": ("TICKETS_BENCH_POSTGRESQL_URL",
+                   "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"),
+    "mysql": ("TICKETS_BENCH_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/"),
+}
+LABELS = {"sqlite": "SQLite", "postgresql": "PostgreSQL", "mysql": "MariaDB/MySQL"}
+SETTINGS = {  # what decides what a commit costs; in every JSON's environment["servers"]
+    "postgresql": "SELECT version(), current_setting('fsync'), current_setting("
+                  "'synchronous_commit'), current_setting('shared_buffers')",
+    "mysql": "SELECT VERSION(), @@innodb_flush_log_at_trx_commit, @@sync_binlog, "
+             "@@innodb_buffer_pool_size"}
+SERVERS_SEEN: dict[str, list[str]] = {}
+#: Seconds a source may take for set-up (first contact: DDL on a fresh database), which no
+#: script times. The library's 2 s default bounds round trips; on a loaded two-core machine a
+#: fresh database's first CREATE TABLE can outlast it, and a benchmark must not fail for that.
+SETUP_TIMEOUT = 30.0
+RATIO_NOTE = "medians of per-round ratios; variants interleaved, order rotated each round"
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def parse_args(doc: str | None, argv: Sequence[str] | None = None,
+               extra: Callable[[argparse.ArgumentParser], None] | None = None, *,
+               backends: Sequence[str] = BACKENDS, peers: Sequence[str] = ()) -> argparse.Namespace:
+    """The options every script takes (``extra`` adds its own); ``doc`` is the script's
+    docstring: its first paragraph is the help text, the whole of it goes into the JSON.
+    ``args.env`` is the :func:`environment` at the start (``peers``: the packages compared)."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    if extra is not None:
+        extra(parser)
+    add = parser.add_argument
+    add("--smoke", "--quick", action="store_true", help="tiny sizes, 1 round: checks it runs")
+    add("--backends", default=",".join(backends), help="comma-separated: " + ",".join(BACKENDS))
+    add("--rounds", type=int, default=None, help="timed rounds (default per script)")
+    add("--seed", type=int, default=1, help="seed of every random choice a script makes")
+    add("--out", type=Path, default=BENCH_DIR / "results", help="where the JSON and PNG go")
+    add("--strict", action="store_true", help="exit 1 when a target is missed")
+    args = parser.parse_args(argv)
+    chosen = [name.strip() for name in args.backends.split(",") if name.strip()]
+    if not chosen or set(chosen) - set(BACKENDS):
+        parser.error(f"--backends takes names from {','.join(BACKENDS)}; got {args.backends!r}")
+    if args.rounds is not None and args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    args.backends, args.doc, args.env = chosen, doc or "", environment(*peers)
+    return args
+
+
+def rounds(args: argparse.Namespace, full: int) -> int:
+    """``--rounds``, else 1 in smoke mode, else the script's ``full``."""
+    return int(args.rounds or (1 if args.smoke else full))
+
+
+# -- databases ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def throwaway_database(backend: str) -> Iterator[URL]:
+    """A new empty database ``tickets_bench_<hex>``, dropped afterwards whatever happens.
+
+    SQLite: a file in a new temporary directory (the embedded default puts its ticket file
+    beside it). Servers: ``CREATE DATABASE`` on the server ``$TICKETS_BENCH_<BACKEND>_URL``
+    names, ``DROP DATABASE`` after (PostgreSQL ``WITH (FORCE)``: a connection a failed run left
+    must not keep it)."""
+    name = f"tickets_bench_{uuid.uuid4().hex[:12]}"
+    if backend == "sqlite":
+        directory = tempfile.mkdtemp(prefix="tickets_bench_")
+        try:
+            yield URL.create("sqlite", database=os.path.join(directory, f"{name}.db"))
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        return
+    server = make_url(os.environ.get(*SERVERS[backend]))
+    admin = sa.create_engine(server, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    quoted = admin.dialect.identifier_preparer.quote(name)
+    force = " WITH (FORCE)" if backend == "postgresql" else ""
+    with admin.connect() as conn:  # NullPool: no connection outlives its block
+        conn.exec_driver_sql(f"CREATE DATABASE {quoted}")
+        SERVERS_SEEN[backend] = [str(x) for x in conn.exec_driver_sql(SETTINGS[backend]).one()]
+    try:
+        yield server.set(database=name)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {quoted}{force}")
+
+
+def databases(stack: contextlib.ExitStack, *backends: str) -> list[str]:
+    """A throwaway database per name in ``backends``, as URL strings (password kept: worker
+    processes take them), dropped when ``stack`` closes."""
+    return [plain(stack.enter_context(throwaway_database(b))) for b in backends]
+
+
+def plain(url: URL | str) -> str:
+    return url if isinstance(url, str) else url.render_as_string(hide_password=False)
+
+
+def first_contact(bind: Any, sequences: Sequence[str], *, embedded: bool = False) -> None:
+    """The sequences' ticket tables, stamps and identities made with :data:`SETUP_TIMEOUT`,
+    before any clock starts (``embedded``: where the embedded default of the engine ``bind``
+    keeps them). The sources timed afterwards keep their defaults and meet existing tables."""
+    from sqlalchemy_tickets import TicketServer
+
+    with contextlib.closing(TicketServer(bind, timeout=SETUP_TIMEOUT, embedded=embedded)) as server:
+        for sequence in sequences:
+            server.next_block(sequence, 1)
+
+
+def empty_table(engine: sa.Engine, table: sa.Table) -> None:
+    """Untimed, between runs: ``TRUNCATE`` (no dead rows left behind), SQLite ``DELETE``."""
+    with engine.begin() as conn:
+        if engine.dialect.name == "sqlite":
+            conn.execute(table.delete())
+        else:
+            quoted = conn.dialect.identifier_preparer.quote(table.name)
+            conn.exec_driver_sql(f"TRUNCATE TABLE {quoted}")
+
+
+def count_rows(engine: sa.Engine, table: sa.Table) -> int:
+    with engine.connect() as conn:
+        return int(conn.scalar(sa.select(sa.func.count()).select_from(table)) or 0)
+
+
+# -- environment -------------------------------------------------------------------------------
+
+
+def git(*args: str) -> str | None:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO_DIR, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def environment(*peers: str) -> dict[str, Any]:
+    """Versions of everything on the measured path (``peers``: other packages compared), the
+    commit and a digest of ``src/`` (which code was measured), and how busy the machine was."""
+    digest = hashlib.sha256()
+    for path in sorted((REPO_DIR / "src").rglob("*.py")):
+        digest.update(str(path.relative_to(REPO_DIR)).encode() + b"\0" + path.read_bytes())
+    key = lambda name: name.lower().replace("_", "-")  # noqa: E731 - as distributions spell it
+    names = {key(n) for n in ("sqlalchemy-tickets", "SQLAlchemy", "psycopg", "PyMySQL",
+                              "matplotlib", *peers)}
+    return {"python": sys.version, "platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "gil_enabled": getattr(sys, "_is_gil_enabled", lambda: True)(),
+            "load_average_at_start": load(),
+            "packages": {d.metadata["Name"]: d.version for d in distributions()
+                         if key(d.metadata["Name"]) in names},
+            "git_commit": git("rev-parse", "HEAD"),
+            "git_src_dirty": bool(git("status", "--porcelain", "--", "src")),
+            "src_sha256": digest.hexdigest(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+# -- side-by-side timing -----------------------------------------------------------------------
+
+
+def loop(call: Callable[..., Any], n: int, *args: Any) -> Callable[[Any], None]:
+    """A variant's ``run``: ``call(*args)`` ``n`` times, in the cheapest Python loop there is."""
+
+    def run(_: Any = None) -> None:
+        for _ in repeat(None, n):
+            call(*args)
+
+    return run
+
+
+def loop_counting_none(call: Callable[[], Any], n: int, counts: list[int]) -> Callable[[Any], None]:
+    """:func:`loop` for a generator that may return ``None`` (snowflake-id does when a
+    millisecond's ids are spent): each run appends how many it missed to ``counts``."""
+
+    def run(_: Any = None) -> None:
+        missed = 0
+        for _ in repeat(None, n):
+            if call() is None:
+                missed += 1
+        counts.append(missed)
+
+    return run
+
+
+@dataclass
+class Variant:
+    """One thing to time. ``setup()`` (untimed) returns what ``run(state)`` (timed) takes;
+    ``teardown(state)`` (untimed) runs after it. ``per``: units (ids, calls) one run makes, so
+    variants making different numbers of them compare per unit."""
+
+    name: str
+    run: Callable[[Any], Any]
+    setup: Callable[[], Any] = lambda: None
+    teardown: Callable[[Any], None] = lambda state: None
+    per: int = 1
+
+
+def watched(variant: Variant, source: Any, into: list[int], key: str = "blocking_waits") -> Variant:
+    """``variant`` with ``source``'s refills awaited before each run (untimed) and the growth of
+    ``source.stats()[key]`` over each run appended to ``into`` (the warm-up round's first)."""
+
+    def setup() -> Any:
+        source.wait_idle(30.0)
+        into.append(-source.stats()[key])
+        return variant.setup()
+
+    def teardown(state: Any) -> None:
+        into[-1] += source.stats()[key]
+        variant.teardown(state)
+
+    return Variant(variant.name, variant.run, setup, teardown, variant.per)
+
+
+@dataclass
+class Timings:
+    """Seconds per run of each variant, index ``i`` = round ``i``: wall-clock time (what is
+    compared) and this process's CPU time (the client's share, which other load barely touches)."""
+
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+    cpu_seconds: dict[str, list[float]] = field(default_factory=dict)
+    per: dict[str, int] = field(default_factory=dict)
+    orders: list[list[str]] = field(default_factory=list)
+
+    def unit(self, name: str, cpu: bool = False) -> list[float]:
+        """Seconds per unit (id, call) of each round."""
+        return [s / self.per[name] for s in (self.cpu_seconds if cpu else self.seconds)[name]]
+
+    def median(self, name: str, cpu: bool = False) -> float:
+        return statistics.median(self.unit(name, cpu))
+
+    def ratios(self, numerator: str, denominator: str, cpu: bool = False) -> list[float]:
+        """Per-round ratios of time per unit: each compares two runs of the same round."""
+        pairs = zip(self.unit(numerator, cpu), self.unit(denominator, cpu), strict=True)
+        return [a / b for a, b in pairs]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_orders": self.orders, "units_per_run": self.per,
+                "seconds_per_round": self.seconds, "cpu_seconds_per_round": self.cpu_seconds,
+                "median_seconds_per_unit": {n: self.median(n) for n in self.seconds}}
+
+
+def interleave(variants: Sequence[Variant], rounds: int, *, warmup: int = 1,
+               label: str = "") -> Timings:
+    """Time every variant once per round, rotating their order each round (ABC, BCA, CAB...),
+    after ``warmup`` untimed rounds (pools, statement caches)."""
+    timings = Timings(per={v.name: v.per for v in variants})
+    for v in variants:
+        timings.seconds[v.name], timings.cpu_seconds[v.name] = [], []
+    for index in range(-warmup, rounds):
+        shift = index % len(variants)
+        order = list(variants[shift:]) + list(variants[:shift])
+        for variant in order:
+            state = variant.setup()
+            gc.collect()
+            gc.disable()
+            try:
+                cpu, start = time.process_time(), time.perf_counter()
+                variant.run(state)
+                elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+            finally:
+                gc.enable()
+            variant.teardown(state)
+            state = None  # this run's objects go before the next variant's setup
+            if index >= 0:
+                timings.seconds[variant.name].append(elapsed)
+                timings.cpu_seconds[variant.name].append(cpu)
+        if index >= 0:
+            timings.orders.append([v.name for v in order])
+            log(f"  {label}round {index + 1}/{rounds}: " + "  ".join(
+                f"{v.name}={timings.seconds[v.name][-1] * 1e3:.1f}ms" for v in variants))
+    return timings
+
+
+def ratio_summary(timings: Timings, numerator: str, denominator: str,
+                  target: float | None = None) -> dict[str, Any]:
+    """Median of the per-round ratios (the reported figure), its spread, the client-CPU ratio
+    over the same runs, and the verdict when there is a ``target`` (a most)."""
+    ratios = timings.ratios(numerator, denominator)
+    summary = {"numerator": numerator, "denominator": denominator, "per_round": ratios,
+               "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+               "ratio_of_medians": timings.median(numerator) / timings.median(denominator),
+               "cpu_median": statistics.median(timings.ratios(numerator, denominator, True))}
+    return summary if target is None else {**summary, "target": target,
+                                           "passed": summary["median"] <= target}
+
+
+def check(value: float, target: float, passed: bool | None = None) -> dict[str, Any]:
+    """A check that is not a ratio: ``value`` against ``target`` (a most, unless ``passed``
+    says otherwise)."""
+    return {"median": value, "target": target,
+            "passed": value <= target if passed is None else passed}
+
+
+def distribution(samples: Sequence[float]) -> dict[str, float]:
+    """Count, mean, p50/p90/p99 (nearest rank) and max of ``samples`` (latencies, say)."""
+    ordered = sorted(samples)
+    if not ordered:
+        return {"count": 0}
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"count": len(ordered), "mean": statistics.fmean(ordered), "p50": pick(0.5),
+            "p90": pick(0.9), "p99": pick(0.99), "max": ordered[-1]}
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+class Fleet(contextlib.AbstractContextManager):  # type: ignore[type-arg]
+    """Worker processes (``multiprocessing``; ``method`` spawn: fresh interpreters, fork: copies
+    of this one), each running the module-level ``target(spec, conn)`` with a pipe of its own
+    (an exception it raises reaches the parent). :meth:`tell` sends to the workers chosen
+    (default: all), :meth:`hear` receives one message from each (an error, or a worker gone
+    silent, raises); workers can be added while others run. As a context manager it gives them
+    ``grace`` seconds to end by themselves at its exit, then kills what still runs."""
+
+    def __init__(self, target: Callable[[Any, Any], None], *, method: str = "spawn",
+                 grace: float = 0.0) -> None:
+        import multiprocessing
+
+        self.target, self.grace = target, grace
+        self.ctx = multiprocessing.get_context(method)
+        self.workers: list[tuple[Any, Any]] = []
+
+    def start(self, specs: Sequence[Any]) -> list[int]:
+        """One worker per spec; their indexes."""
+        for spec in specs:
+            mine, theirs = self.ctx.Pipe()
+            process = self.ctx.Process(target=work, args=(self.target, spec, theirs),
+                                       daemon=True)
+            process.start()
+            theirs.close()
+            self.workers.append((process, mine))
+        return list(range(len(self.workers) - len(specs), len(self.workers)))
+
+    def tell(self, message: Any, indexes: Sequence[int] | None = None) -> None:
+        for i in range(len(self.workers)) if indexes is None else indexes:
+            self.workers[i][1].send(message)
+
+    def hear(self, indexes: Sequence[int] | None = None, timeout: float = 180.0) -> list[Any]:
+        answers = []
+        for i in range(len(self.workers)) if indexes is None else indexes:
+            process, pipe = self.workers[i]
+            try:
+                answers.append(pipe.recv() if pipe.poll(timeout) else {
+                    "error": f"no answer within {timeout:.0f} s"})
+            except EOFError:
+                answers.append({"error": f"exited ({process.exitcode}) without answering"})
+            if isinstance(answers[-1], dict) and "error" in answers[-1]:
+                raise RuntimeError(f"worker {i} failed:\n{answers[-1]['error']}")
+        return answers
+
+    def ask(self, message: Any, indexes: Sequence[int] | None = None) -> list[Any]:
+        self.tell(message, indexes)
+        return self.hear(indexes)
+
+    def __exit__(self, *exc: object) -> None:
+        deadline = time.monotonic() + (self.grace if exc[0] is None else 0.0)
+        for process, pipe in self.workers:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join(10)
+            pipe.close()
+
+
+def work(target: Callable[[Any, Any], None], spec: Any, conn: Any) -> None:
+    """A :class:`Fleet` worker: ``target(spec, conn)``; what it raises goes to the parent."""
+    try:
+        target(spec, conn)
+    except BaseException:
+        conn.send({"error": traceback.format_exc()})
+        raise SystemExit(1) from None
+
+
+@contextlib.contextmanager
+def source_tree(ref: str, *, missing_ok: bool = False) -> Iterator[tuple[Path, str]]:
+    """``src/`` as it was at git ``ref``, exported into a temporary directory removed afterwards;
+    yields it and the commit. A ref this clone lacks (a shallow clone, an export) is an error,
+    unless ``missing_ok``: then this tree's ``src/`` stands in."""
+    commit = git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    if not commit:
+        if not missing_ok:
+            raise SystemExit(f"{ref!r} names no commit here (a clone with its history needed)")
+        log(f"{ref!r} is not here: this tree stands in for it")
+        yield REPO_DIR / "src", "this tree"
+        return
+    directory = Path(tempfile.mkdtemp(prefix="tickets_bench_src_"))
+    try:
+        archive = subprocess.run(["git", "-C", str(REPO_DIR), "archive", commit, "src"],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(directory)], input=archive, check=True)
+        yield directory / "src", commit
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+# -- reports -----------------------------------------------------------------------------------
+
+
+def report(args: argparse.Namespace, name: str, results: Mapping[str, Any], *,
+           parameters: Mapping[str, Any] | None = None,
+           checks: Mapping[str, Mapping[str, Any]] | None = None, figure: Any = None,
+           title: str | None = None, **drawing: Any) -> int:
+    """Write ``<out>/<name>.json`` and ``.png`` (``figure``, else with a ``title`` the
+    :func:`ratio_figure` of ``results``), print the verdicts, and return the exit status: 1 only
+    with ``--strict`` and a check that failed. The checks: every ratio summary with a target in
+    ``results``, and ``checks``."""
+    checks = {**{k: v for k, v in found(results, "ratios").items() if "target" in v},
+              **(checks or {})}
+    if figure is None and title is not None:
+        figure = ratio_figure(title, args.env, results, **drawing)
+    passed = all(bool(c.get("passed", True)) for c in checks.values())
+    payload = {"benchmark": name, "description": args.doc,
+               "environment": {**args.env, "servers": SERVERS_SEEN, "load_average_at_end": load(),
+                               "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+               "parameters": {**(parameters or {}), "smoke": args.smoke, "backends": args.backends,
+                              "seed": args.seed},
+               "results": results, "checks": checks, "passed": passed}
+    args.out.mkdir(parents=True, exist_ok=True)
+    written = [args.out / f"{name}.json"]
+    written[0].write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    if figure is not None:
+        written.append(args.out / f"{name}.png")
+        figure.savefig(written[-1], dpi=40 if args.smoke else 105)  # smoke: drawn, not read
+        pyplot().close(figure)
+    for key, c in checks.items():
+        spread = f" (rounds {c['min']:.3f}-{c['max']:.3f})" if "min" in c else ""
+        log(f"  {key}: {c['median']:.3g}{spread}, target <= {c['target']:.3g}: "
+            + ("PASS" if c.get("passed") else "FAIL"))
+    log(f"overall: {'PASS' if passed else 'FAIL'}; wrote " + ", ".join(map(str, written)))
+    return 1 if args.strict and not passed else 0
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend, imported only when a figure is drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def figure(panels: int, title: str, env: Mapping[str, Any], note: str = RATIO_NOTE, *,
+           width: float = 6.0, height: float = 5.0) -> tuple[Any, list[Any]]:
+    """A figure of ``panels`` side-by-side axes, a title, and a footnote ending in the load."""
+    fig, axes = pyplot().subplots(1, panels, figsize=(width * panels + 1, height), squeeze=False)
+    fig.suptitle(title, fontsize=12)
+    fig.text(0.01, 0.01, f"{note}; load avg {env.get('load_average_at_start')} at start",
+             fontsize=7.5, color="dimgray")
+    fig.subplots_adjust(left=0.3 / panels + 0.08, right=0.97, wspace=0.8, bottom=0.14, top=0.86)
+    return fig, list(axes[0])
+
+
+def found(results: Mapping[str, Any], key: str, path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Every value under ``key`` (a name, or ``"ratios"``: every ratio summary, wherever it is)
+    in ``results``, labelled by its path: ``{"PostgreSQL: next_id / raw": ...}``."""
+    rows = {}
+    for name, value in results.items():
+        here = (*path, LABELS.get(str(name), str(name)))
+        if key == "ratios" and isinstance(value, Mapping) and "per_round" in value:
+            rows[": ".join(p for p in here if not p.startswith("ratio"))] = value
+        elif name == key and isinstance(value, Mapping):
+            rows |= {": ".join((*path, str(k))): v for k, v in value.items()}
+        elif isinstance(value, Mapping):
+            rows |= found(value, key, here)
+    return rows
+
+
+def ratio_figure(title: str, env: Mapping[str, Any], results: Mapping[str, Any], *,
+                 values: tuple[str, str, str] | None = None, log_scale: bool = False,
+                 height: float = 5.0) -> Any:
+    """The usual picture: every ratio summary in ``results`` as a bar (the median; the rounds as
+    dots; the target as a red tick, red bar when missed), and beside it, with ``values = (key,
+    title, unit)``, the values under ``key``."""
+    fig, axes = figure(2 if values else 1, title, env, height=height)
+    ratio_panel(axes[0], found(results, "ratios"), "time ratio per round", log_scale=log_scale)
+    if values:
+        value_panel(axes[1], found(results, values[0]), values[1], values[2], log_scale=True)
+    return fig
+
+
+def ratio_panel(ax: Any, rows: Mapping[str, Mapping[str, Any]], title: str, *,
+                log_scale: bool = False) -> None:
+    """One horizontal bar per ratio summary: the median, each round as a dot, the target as a
+    red tick (a red bar missed it), the median written beside the bar."""
+    for y, summary in enumerate(rows.values()):
+        target, median = summary.get("target"), summary["median"]
+        ax.barh(y, median, alpha=0.7, color="tab:red" if target is not None and median > target
+                else "tab:blue")
+        ax.scatter(summary["per_round"], [y] * len(summary["per_round"]), s=8, color="black",
+                   zorder=3)
+        ax.annotate(f"{median:.2f}×" if median < 100 else f"{median:,.0f}×", (median, y),
+                    xytext=(4, 4), textcoords="offset points", fontsize=8, fontweight="bold")
+        if target is not None:
+            ax.plot([target, target], [y - 0.4, y + 0.4], color="red", linewidth=2.5)
+    ax.axvline(1.0, color="grey", linestyle=":", linewidth=1)
+    finish(ax, list(rows), title, log_scale)
+    ax.set_xlabel("time ratio (lower is faster; red tick: target)", fontsize=9)
+
+
+def value_panel(ax: Any, values: Mapping[str, float], title: str, unit: str, *,
+                log_scale: bool = False) -> None:
+    """One horizontal bar per value, labelled with it."""
+    ax.barh(range(len(values)), list(values.values()), color="tab:green", alpha=0.7)
+    for y, value in enumerate(values.values()):
+        ax.annotate(f"{value:,.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}", (value, y),
+                    xytext=(3, -3),
+                    textcoords="offset points", fontsize=8)
+    finish(ax, list(values), title, log_scale)
+
+
+def line_panel(ax: Any, series: Mapping[str, Sequence[tuple[float, float]]], title: str,
+               unit: str, xlabel: str, *, goal: float | None = None, base: int = 10) -> None:
+    """One line per series of ``(x, y)`` points (every other one dashed), the values written
+    beside the points, x on a log scale, ``goal`` a red dotted line."""
+    for i, (label, points) in enumerate(series.items()):
+        if points:
+            ax.plot(*zip(*sorted(points), strict=True), "o--" if i % 2 == 0 else "s-", label=label)
+            for x, y in points:
+                ax.annotate(f"{y:,.3g}", (x, y), xytext=(3, 3), textcoords="offset points",
+                            fontsize=7)
+    if goal:
+        ax.axhline(goal, color="red", linestyle=":", linewidth=1.2, label="goal")
+    ax.set_xscale("log", base=base)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel, fontsize=9)
+    ax.set_ylabel(unit, fontsize=9)
+    ax.legend(fontsize=7)
+
+
+def finish(ax: Any, labels: list[str], title: str, log_scale: bool) -> None:
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.invert_yaxis()
+    if log_scale:
+        ax.set_xscale("log")
+    ax.set_title(title, fontsize=10)
