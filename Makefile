@@ -4,7 +4,8 @@
 # make test   1. mypy;
 #             2. the package as a user gets it: build the sdist and, from it, the wheel; `twine check`;
 #                install the wheel without extras in a fresh venv and run tests/install/smoke.py there;
-#             3. the whole suite in .venv: the newest releases of everything (target `suite`);
+#             3. the whole suite in .venv: the newest Python here and the newest releases of
+#                everything (target `suite`);
 #             4. the suite in .venv-lowest: the lowest Python and the lowest version of every
 #                dependency and extra that pyproject.toml declares (target `lowest`,
 #                tests/install/lowest.py), without the long scenarios marked `slow` (processes
@@ -30,6 +31,12 @@ SUITE_1_FILES = $(sort $(wildcard tests/backend/test_[a-f]*.py))
 SUITE_RUNS = $(if $(strip $(PYTEST_ARGS)),suite,suite-1 suite-2)
 export TICKETS_TEST_REQUIRE_ALL ?= 1
 
+# The newest Python here (python3.N on PATH, or installed by pyenv): the newest-versions run,
+# in .venv, uses it; the lowest-versions run uses the lowest that requires-python allows.
+NEWEST_PYTHON ?= $(shell for v in 3.14 3.13 3.12 3.11 3.10; do \
+	for p in python$$v $(HOME)/.pyenv/versions/$$v.*/bin/python3; do \
+	"$$p" -c 'import sys' 2>/dev/null && { echo "$$p"; exit 0; }; done; done; echo $(PYTHON))
+
 # uv with the indexes pip is configured with (uv does not read pip's configuration).
 UV_PIP = $(BIN)/python tests/install/uv_pip.py
 # The lowest Python that requires-python allows: on PATH, or installed by pyenv.
@@ -42,7 +49,7 @@ LOWEST_PYTHON ?= $(shell for p in python$(LOWEST_PYTHON_VERSION) \
 .PHONY: demo test installed suite suite-1 suite-2 lowest pgbouncer galera zookeeper driver-deps lint bench clean
 
 $(BIN)/activate: pyproject.toml | driver-deps
-	$(PYTHON) -m venv $(VENV)
+	$(NEWEST_PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip uv
 	$(UV_PIP) install --quiet --upgrade --python $(BIN)/python -e '.[dev]'
 	touch $(BIN)/activate
