@@ -7,8 +7,8 @@ caller's connection or transaction (§1): under SERIALIZABLE it would add read d
 between concurrent inserters, behind a pooler it would hold a server connection for the
 transaction, and the ids are on the objects before any SQL of the flush. It runs in autocommit
 on a connection of the library's own to the application's database, made as the application
-makes its own (:class:`~sqlalchemy_tickets.dialects._connect.OwnEngine`): one small pool per
-application engine, closed with that engine (``dispose()``, or its garbage collection).
+makes its own (:class:`~sqlalchemy_tickets.dialects._connect.OwnEngine`): the one pool the
+library keeps on that database (``shared_engine``), which the embedded default shares.
 
 It sees what is committed: rows of the caller's own open transaction are not there (their keys
 came from the library, or were set by hand in that transaction), and a table the caller created
@@ -19,27 +19,19 @@ the caller reads through the flushing connection, once the ids are on the object
 
 from __future__ import annotations
 
-import threading
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 
-from .. import _process
 from ..dialects import backend_for
-from ..dialects._connect import OwnEngine
+from ..dialects._connect import OwnEngine, shared_engine
 
 #: Seconds the read may take (one index lookup per column; the bound is for a database that
 #: does not answer at all).
 FLOOR_TIMEOUT = 5.0
-
-_readers: weakref.WeakKeyDictionary[Engine, OwnEngine] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
 
 def largest_key(app: Engine, columns: Sequence[sa.Column[Any]]) -> int | None:
     """The largest value of ``columns`` committed in ``app``'s database (0: no rows, or no such
@@ -68,37 +60,7 @@ def largest_key(app: Engine, columns: Sequence[sa.Column[Any]]) -> int | None:
 
 
 def _reader(app: Engine) -> OwnEngine:
-    found = _readers.get(app)
-    if found is not None:
-        return found
-    with _lock:
-        found = _readers.get(app)
-        if found is None:
-            found = _readers[app] = OwnEngine(
-                app, timeout=FLOOR_TIMEOUT, pool_size=1, max_overflow=4,
-                what="application database", weakly=True,
-            )
-            if not event.contains(app, "engine_disposed", _on_disposed):
-                event.listen(app, "engine_disposed", _on_disposed)
-            # Collected with the application's engine: its connections closed then, not left
-            # to the collector (a driver may warn of a connection deleted while open).
-            weakref.finalize(app, found.dispose).atexit = False
-    return found
-
-
-def _on_disposed(app: Engine) -> None:
-    with _lock:
-        found = _readers.pop(app, None)
-    if found is not None:
-        found.dispose()
-
-
-@_process.after_fork_in_child
-def _after_fork_in_child() -> None:
-    # The parent's connections are the parent's: forgotten here, never closed (closing would
-    # end the parent's sessions). The child reads on connections of its own.
-    global _lock
-    _lock = threading.Lock()
-    for own in list(_readers.values()):
-        own.dispose(close=False)
-    _readers.clear()
+    # The one engine of the library's own on the application's database: the embedded
+    # default's, where its tables live beside the data (PostgreSQL, MySQL/MariaDB).
+    return shared_engine(app, embedded=False, timeout=FLOOR_TIMEOUT, pool_size=1,
+                         what="application database")

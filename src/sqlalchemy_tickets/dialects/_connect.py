@@ -660,6 +660,71 @@ class OwnEngine:
         self.engine.dispose(close=close)
 
 
+# -- one pool per application database ---------------------------------------------------------
+
+_shared: weakref.WeakKeyDictionary[Engine, dict[str, OwnEngine]] = weakref.WeakKeyDictionary()
+_shared_lock = threading.Lock()
+
+
+def shared_engine(
+    app: Engine,
+    *,
+    embedded: bool,
+    timeout: float,
+    pool_size: int,
+    what: str,
+    unavailable: type[DatabaseUnavailable] = DatabaseUnavailable,
+) -> OwnEngine:
+    """The library's one engine of its own on the database an application's ``Engine`` reaches
+    (``embedded``: where the embedded default keeps that engine's ticket tables), made on first
+    use and held weakly by that engine: every client of the library there (the embedded
+    default, the read of a table's largest key, a test suite's reset) shares its pool, instead
+    of each connecting, and initializing a dialect, on its own. The first client's
+    ``timeout``, ``pool_size``, ``what`` and ``unavailable`` are the engine's."""
+    backend = backend_for(app.url.get_backend_name())
+    url = backend.embedded_url(app.url) if embedded else app.url
+    key = url.render_as_string(hide_password=False)
+    with _shared_lock:
+        found = _shared.get(app)
+        if found is None:
+            found = _shared[app] = {}
+            # Closed with the application's engine: its dispose(), or its collection (not
+            # left to the collector: a driver may warn of a connection deleted while open).
+            event.listen(app, "engine_disposed", _dispose_shared)
+            weakref.finalize(app, _dispose_all, found).atexit = False
+        own = found.get(key)
+        if own is None:
+            own = found[key] = OwnEngine(
+                app, timeout=timeout, pool_size=pool_size, what=what, embedded=embedded,
+                weakly=True, unavailable=unavailable,
+            )
+    return own
+
+
+def _dispose_shared(app: Engine) -> None:
+    with _shared_lock:
+        engines = dict(_shared.get(app) or {})
+    _dispose_all(engines)
+
+
+def _dispose_all(engines: dict[str, OwnEngine]) -> None:
+    for own in list(engines.values()):
+        own.dispose()
+
+
+def _forget_shared_in_child() -> None:
+    # The parent's connections are the parent's: never closed here, never used (each
+    # engine's pool is replaced without closing them).
+    global _shared_lock
+    _shared_lock = threading.Lock()
+    for engines in list(_shared.values()):
+        for own in engines.values():
+            own.dispose(close=False)
+
+
+_process.after_fork_in_child(_forget_shared_in_child)
+
+
 # -- creating tables ---------------------------------------------------------------------------
 
 #: Times a creation runs in all when a concurrent creator that takes no creation lock (a

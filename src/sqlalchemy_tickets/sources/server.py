@@ -26,7 +26,7 @@ from .._naming import (
     ticket_table,
 )
 from ..dialects import TicketBackend
-from ..dialects._connect import Bind, OwnEngine, sync_bind
+from ..dialects._connect import Bind, OwnEngine, engine_of, shared_engine, sync_bind
 from ..dialects.base import Identity, TableInfo
 from ..errors import (
     ExhaustedError,
@@ -120,14 +120,16 @@ class TicketServer:
         self.on_rewind: RewindPolicy = _rewind.check_policy(on_rewind)
         self.rewind_margin = _rewind.check_margin(rewind_margin)
         self.identity_interval = check_seconds("identity_interval", identity_interval)
-        #: The server's own engine: the one pool every round trip goes through.
-        self.own = OwnEngine(
-            sync_bind(bind),
-            timeout=timeout,
-            pool_size=pool_size,
-            what="ticket server",
-            embedded=embedded,
-            unavailable=TicketServerUnavailable,
+        app = engine_of(bind)
+        #: The server's own engine: the one pool every round trip goes through (beside an
+        #: application's data, the one every client of the library there shares).
+        self.own = (
+            shared_engine(app, embedded=True, timeout=timeout, pool_size=pool_size,
+                          what="ticket server", unavailable=TicketServerUnavailable)
+            if embedded and app is not None
+            else OwnEngine(sync_bind(bind), timeout=timeout, pool_size=pool_size,
+                           what="ticket server", embedded=embedded,
+                           unavailable=TicketServerUnavailable)
         )
         self.url: URL = self.own.url
         self.timeout = self.own.timeout
