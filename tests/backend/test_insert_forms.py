@@ -119,7 +119,7 @@ def test_in_memory_sqlite_reads_its_floor_only_once_the_ids_are_given() -> None:
     engine = sa.create_engine("sqlite://")
     Base.metadata.create_all(engine)
     with engine.begin() as conn:  # a table that held rows before it moved to TicketId
-        conn.execute(photos.insert(), [{"id": 7, "slug": "old"}])
+        conn.execute(photos.insert(), [{"id": i, "slug": f"old{i}"} for i in range(1, 8)])
     try:
         with Session(engine) as session:
             objects = [Photo(slug=s) for s in _slugs(3)]

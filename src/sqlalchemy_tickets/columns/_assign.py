@@ -7,12 +7,12 @@ lacks an id gets one, grouped so that one ``next_block`` serves every object of 
 (source, sequence, bits) in the flush — the ORM path. Since the objects hold their ids before the
 INSERT, the ORM sends one plain executemany, and a retried flush reuses the same ids.
 
-The first time a type meets a table in a process (``unmet_floors``), the table's largest key is
-read on a connection of the library's own (one primary-key index lookup, ``_floors.py``: never
-through the caller's connection or transaction), after the ids are drawn, and the source is told
-that ids up to it are in use (``keep_above``); ids at or below it are drawn again: a table moved
-from auto-increment, or a ticket database restored from an older backup, never gets a key it
-already holds.
+The first time a type meets a table in a process (``unmet_floors``), the ids drawn are looked
+for among the table's keys on a connection of the library's own (a few primary-key index
+lookups, ``_floors.py``: never through the caller's connection or transaction); where one is
+there, the source is told that ids up to the table's largest key are in use (``keep_above``)
+and the ids are drawn again: a table moved from auto-increment, or a ticket database restored
+from an older backup, never gets a key it already holds.
 """
 
 from __future__ import annotations
@@ -63,11 +63,9 @@ class AssignedIdType:
 
     def keep_above(
         self, engine: EngineGetter, floor: int, columns: list[sa.Column[Any]]
-    ) -> bool:
+    ) -> None:
         """Tell the source that ids up to ``floor`` (the largest key of ``columns``) are in
-        use; ``columns`` are met from now on. Whether the source had to move (else ids it
-        hands out at or below ``floor`` are not the table's: another lane's of a pair)."""
-        return False
+        use; ``columns`` are met from now on."""
 
     # SQLAlchemy calls this when the type is given to a Column (SchemaEventTarget protocol).
     def _set_parent(self, parent: Any, outer: bool = False, **kw: Any) -> None:
@@ -95,7 +93,7 @@ def _core_default(type_: AssignedIdType) -> Callable[[Any], Any]:
         def draw(count: int) -> list[Any]:
             ids, unchecked = _draw(type_, engine, count, columns)
             if unchecked:
-                ids = _settle(type_, engine, ids, unchecked, connection.scalar)
+                ids = _settle(type_, engine, ids, unchecked, lambda: connection)
             return ids
 
         statement = getattr(context.compiled, "statement", None)
@@ -147,17 +145,18 @@ def _draw(
     read through the caller's connection, once the ids are given (an in-memory SQLite database,
     which no other connection sees).
 
-    The first time the type meets one of ``columns`` here, their largest key is read on the
-    library's own connection to the application's database (``_floors.py``: never through the
-    caller's connection or transaction) and the source is told of it; ids at or below it are
-    drawn again (those are burned: keys the table holds, or below them)."""
+    The first time the type meets one of ``columns`` here, the ids are looked for among their
+    keys on the library's own connection to the application's database (``_floors.py``: never
+    through the caller's connection or transaction); where one is there, the source is told the
+    table's largest key and ids are drawn again (those are burned: keys the table holds, or
+    below them)."""
     unmet = type_.unmet_floors(engine, columns)
     ids = _off_the_loop(type_.new_ids, engine, count)
     if not unmet:
         return ids, []
-    from ._floors import largest_key  # the library's connections: only once a floor is due
+    from ._floors import keys_in_use  # the library's connections: only once a check is due
 
-    floor = _off_the_loop(largest_key, engine(), unmet)
+    floor = _off_the_loop(keys_in_use, engine(), unmet, ids)
     if floor is None:
         return ids, unmet
     return _off_the_loop(_keep_above, type_, engine, floor, unmet, ids), []
@@ -168,15 +167,13 @@ def _settle(
     engine: EngineGetter,
     ids: list[Any],
     columns: list[sa.Column[Any]],
-    read: Callable[[Any], Any],
+    connection: Callable[[], Connection],
 ) -> list[Any]:
-    """:func:`_draw`'s check of ``columns`` read with ``read`` (the caller's connection, in its
-    context), after ``ids`` were given; the ids to keep (new ones if any was in use)."""
-    floor = 0
-    for column in columns:
-        value = read(sa.select(sa.func.max(column)))
-        if isinstance(value, int) and value > floor:
-            floor = value
+    """:func:`_draw`'s check of ``ids`` against ``columns`` on ``connection()`` (the caller's,
+    in its context), after the ids were given; the ids to keep (new ones if any was in use)."""
+    from ._floors import floor_of
+
+    floor = floor_of(connection(), columns, ids)
     return _off_the_loop(_keep_above, type_, engine, floor, columns, ids)
 
 def _keep_above(
@@ -186,16 +183,13 @@ def _keep_above(
     columns: list[sa.Column[Any]],
     ids: list[Any],
 ) -> list[Any]:
-    """``ids`` if they are all above ``floor`` (the source is past the table's keys: nothing
-    to tell it); else the source is told of ``floor`` and, where it had to move, new ids are
-    drawn (those are burned: keys the table holds, or below them)."""
+    """``ids`` if they are all above ``floor`` (0: none of them is a key of the table: nothing
+    to tell the source); else the source is told of ``floor`` and new ids are drawn (those are
+    burned: keys the table holds, or below them)."""
     if all(not isinstance(i, int) or i > floor for i in ids):
         type_.keep_above(engine, 0, columns)  # met: the table's keys are below the source
         return ids
-    if not type_.keep_above(engine, floor, columns):
-        # The source was past ``floor`` already: the keys up to it are ids it issued (the
-        # other server of a pair is ahead), and these, below them, are nobody else's.
-        return ids
+    type_.keep_above(engine, floor, columns)
     return type_.new_ids(engine, len(ids))
 
 
@@ -274,12 +268,12 @@ def _assign_ids(session: Session, flush_context: UOWTransaction, instances: Any)
         if not unchecked:
             continue
 
-        def read(statement: Any, mapper: Mapper[Any] = mapper) -> Any:
-            # In-memory SQLite: on the flushing connection (no other one sees the database),
-            # in its transaction, now that the objects hold their ids.
-            return session.connection(bind_arguments={"mapper": mapper}).scalar(statement)
+        def flushing(mapper: Mapper[Any] = mapper) -> Connection:
+            # In-memory SQLite: the flushing connection (no other one sees the database), in
+            # its transaction, now that the objects hold their ids.
+            return session.connection(bind_arguments={"mapper": mapper})
 
-        kept = _settle(type_, engine, new_ids, unchecked, read)
+        kept = _settle(type_, engine, new_ids, unchecked, flushing)
         if kept is not new_ids:
             _give(targets, kept)
 

@@ -113,16 +113,16 @@ class TicketId(AssignedIdType, TypeDecorator[int]):
             return []
         return [c for c in columns if _column_key(c) not in met]
 
-    def keep_above(self, engine: EngineGetter, floor: int, columns: list[sa.Column[Any]]) -> bool:
+    def keep_above(self, engine: EngineGetter, floor: int, columns: list[sa.Column[Any]]) -> None:
         from ..sources.base import ensure_above_in
 
         source = self._source(engine)
-        moved = floor > 0 and ensure_above_in(source, self.sequence, floor, self.bits)
+        if floor > 0:
+            ensure_above_in(source, self.sequence, floor, self.bits)
         met = _met_for(source, engine())
         if met is not None:
             with _met_lock:
                 met.update(map(_column_key, columns))
-        return moved
 
     def _source(self, engine: EngineGetter) -> TicketSource:
         from ..sources.default import resolve

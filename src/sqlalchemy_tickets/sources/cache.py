@@ -38,7 +38,6 @@ from ._options import check_budget, check_sizing, check_workers
 from ._refill import Refiller
 from ._sizing import RATE_INTERVAL, Sizing, budget_of, next_rate, runway
 from .base import (
-    KeepsAbove,
     Request,
     TakesMany,
     TicketSource,
@@ -308,26 +307,13 @@ class CachedSource:
         return taken
 
     def ensure_above(self, sequence: str | None, floor: int, *, bits: int = 64) -> bool:
-        """Make every id issued from now on be above ``floor`` (ids known to be in use). The
-        source is told first: where it had to move (it was behind ``floor``, so the ids held
-        at or below it may be in use), or cannot say, they are dropped (counted as burned);
-        where it was past ``floor`` already, the ids up to it are ones it issued (the other
-        server of a pair is ahead) and the ids held are nobody else's. Returns whether anything
-        was dropped or moved."""
+        """Make every id issued from now on be above ``floor`` (ids known to be in use): the
+        ids held at or below it are dropped (counted as burned), and the source is told
+        too. Returns whether anything was dropped or moved."""
         check_bits(bits)
         if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
             raise TicketsError(f"a floor is a number of ids >= 0, not {floor!r}")
         lane = self._lane(sequence, bits)
-        try:
-            moved = ensure_above_in(self.source, lane.sequence, floor, bits)
-        except TicketsError:
-            self._drop_below(lane, floor)  # no answer: the held ids may be in use
-            raise
-        if not moved and isinstance(self.source, KeepsAbove):
-            return False
-        return self._drop_below(lane, floor) or moved
-
-    def _drop_below(self, lane: _Lane, floor: int) -> bool:
         with lane.lock:
             dropped = 0
             if floor > lane.floor:
@@ -341,9 +327,10 @@ class CachedSource:
                 lane.ahead.extend(kept[1:])
                 lane.changed.notify_all()
         if dropped:
-            logger.warning("%s dropped %d ids of %s at or below %d: they are in use",
-                           self, dropped, lane.label, floor)
-        return bool(dropped)
+            logger.warning("%s dropped %d ids of %s/%d at or below %d: they are in use",
+                           self, dropped, lane.sequence or "Tickets", bits, floor)
+        moved = ensure_above_in(self.source, lane.sequence, floor, bits)
+        return bool(dropped) or moved
 
     # -- management ---------------------------------------------------------------------------
 

@@ -130,15 +130,7 @@ from ._tier_ledger import (
 )
 from ._tier_refill import RATE_INTERVAL_MS, TierRefills
 from ._tier_store import Taken
-from .base import (
-    KeepsAbove,
-    Request,
-    TicketSource,
-    check_count,
-    check_ids,
-    ensure_above_in,
-    prepare_in,
-)
+from .base import Request, TicketSource, check_count, check_ids, ensure_above_in, prepare_in
 
 __all__ = [
     "DatacenterTier",
@@ -507,25 +499,12 @@ class DatacenterTier:
         self.db.transaction([lane for _, (lane, _) in part], work)
 
     def ensure_above(self, sequence: str | None, floor: int, *, bits: int = 64) -> bool:
-        """Make every id issued from now on be above ``floor`` (ids known to be in use).
-        Upstream is told first: where it had to move (it was behind ``floor``, so ranges in
-        stock at or below it may be in use), or cannot say, those ranges are dropped and
-        blocks it offers at or below ``floor`` are refused from now on; where it was past
-        ``floor`` already, the ids up to it are ones it issued (the other server of a pair is
-        ahead) and the stock is nobody else's. Returns whether anything was dropped or moved."""
+        """Make every id issued from now on be above ``floor`` (ids known to be in use): the
+        ranges in stock at or below it are dropped, upstream is told too, and blocks it offers
+        at or below are refused. Returns whether anything was dropped or moved."""
         lane = self._lanes.get(sequence, bits)
         if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
             raise TicketsError(f"a floor is a number of ids >= 0, not {floor!r}")
-        try:
-            moved = ensure_above_in(self.upstream, lane.sequence, floor, lane.bits)
-        except TicketsError:
-            self._drop_below(lane, floor)  # no answer: the stock may hold ids in use
-            raise
-        if not moved and isinstance(self.upstream, KeepsAbove):
-            return False
-        return self._drop_below(lane, floor) or moved
-
-    def _drop_below(self, lane: TierLane, floor: int) -> bool:
         with lane.lock:
             lane.floor = max(lane.floor, floor)
 
@@ -547,7 +526,8 @@ class DatacenterTier:
                 lane.burned += dropped
             logger.warning("%s dropped %d ids of %s at or below %d from its stock: they are "
                            "in use", self, dropped, lane.label, floor)
-        return bool(dropped)
+        moved = ensure_above_in(self.upstream, lane.sequence, floor, lane.bits)
+        return bool(dropped) or moved
 
     # -- management ---------------------------------------------------------------------------
 
