@@ -158,6 +158,21 @@ def first_contact(bind: Any, sequences: Sequence[str], *, embedded: bool = False
             server.next_block(sequence, 1)
 
 
+def tier_contact(dc: str, upstream: Any, sequences: Sequence[str], **settings: Any) -> None:
+    """A datacenter database's tier tables, and the sequences' state rows and first stock made
+    through ``upstream`` by a ``DatacenterTier`` at ``settings`` (those of the tiers timed
+    afterwards: a first refill at other settings would leave a stock theirs would not hold),
+    with :data:`SETUP_TIMEOUT`, before any clock starts; refills awaited."""
+    from sqlalchemy_tickets import DatacenterTier
+    from sqlalchemy_tickets.sources.datacenter import create_datacenter_tables
+
+    create_datacenter_tables(dc, timeout=SETUP_TIMEOUT)
+    with DatacenterTier(dc, upstream=upstream, **{**settings, "timeout": SETUP_TIMEOUT}) as tier:
+        for sequence in sequences:
+            tier.next_id(sequence)
+        tier.wait_idle(30.0)
+
+
 def empty_table(engine: sa.Engine, table: sa.Table) -> None:
     """Untimed, between runs: ``TRUNCATE`` (no dead rows left behind), SQLite ``DELETE``."""
     with engine.begin() as conn:
@@ -353,6 +368,35 @@ def distribution(samples: Sequence[float]) -> dict[str, float]:
             "p90": pick(0.9), "p99": pick(0.99), "max": ordered[-1]}
 
 
+def window(call: Callable[[], Any], start: float, seconds: float,
+           catch: type[BaseException] | tuple[type[BaseException], ...] = ()
+           ) -> tuple[list[float], list[Any], list[str]]:
+    """``call()`` back to back from the monotonic instant ``start`` (as :meth:`Fleet.go` sends
+    it) for ``seconds``, collector off: each call's latency in seconds and its result, and the
+    ``repr`` of what calls raised of the types ``catch`` (those calls are not timed)."""
+    latencies: list[float] = []
+    results: list[Any] = []
+    errors: list[str] = []
+    clock, now = time.perf_counter, time.monotonic
+    gc.collect()
+    gc.disable()
+    try:
+        time.sleep(max(0.0, start - now()))
+        end = start + seconds
+        while now() < end:
+            began = clock()
+            try:
+                result = call()
+            except catch as error:
+                errors.append(repr(error))
+                continue
+            latencies.append(clock() - began)
+            results.append(result)
+    finally:
+        gc.enable()
+    return latencies, results, errors
+
+
 # -- processes ---------------------------------------------------------------------------------
 
 
@@ -399,6 +443,12 @@ class Fleet(contextlib.AbstractContextManager):  # type: ignore[type-arg]
             if isinstance(answers[-1], dict) and "error" in answers[-1]:
                 raise RuntimeError(f"worker {i} failed:\n{answers[-1]['error']}")
         return answers
+
+    def go(self, indexes: Sequence[int] | None = None, delay: float = 0.5) -> None:
+        """Once each of the workers chosen said it is ready (one message each), send them one
+        instant to start at, ``delay`` s from now on the monotonic clock they share."""
+        self.hear(indexes)
+        self.tell(time.monotonic() + delay, indexes)
 
     def ask(self, message: Any, indexes: Sequence[int] | None = None) -> list[Any]:
         self.tell(message, indexes)
