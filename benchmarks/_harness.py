@@ -74,15 +74,16 @@ def log(message: str) -> None:
 
 
 def parse_args(doc: str | None, argv: Sequence[str] | None = None,
-               extra: Callable[[argparse.ArgumentParser], None] | None = None, *,
+               options: Mapping[str, Mapping[str, Any]] | None = None, *,
                backends: Sequence[str] = BACKENDS, peers: Sequence[str] = ()) -> argparse.Namespace:
-    """The options every script takes (``extra`` adds its own); ``doc`` is the script's
-    docstring: its first paragraph is the help text, the whole of it goes into the JSON.
-    ``args.env`` is the :func:`environment` at the start (``peers``: the packages compared)."""
+    """The options every script takes, and its own (``options``: flag -> ``add_argument``'s
+    keywords); ``doc`` is the script's docstring: its first paragraph is the help text, the
+    whole of it goes into the JSON. ``args.env`` is the :func:`environment` at the start
+    (``peers``: the packages compared)."""
     parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
-    if extra is not None:
-        extra(parser)
     add = parser.add_argument
+    for flag, keywords in (options or {}).items():
+        add(flag, **keywords)
     add("--smoke", "--quick", action="store_true", help="tiny sizes, 1 round: checks it runs")
     add("--backends", default=",".join(backends), help="comma-separated: " + ",".join(BACKENDS))
     add("--rounds", type=int, default=None, help="timed rounds (default per script)")
@@ -173,6 +174,20 @@ def tier_contact(dc: str, upstream: Any, sequences: Sequence[str], **settings: A
         tier.wait_idle(30.0)
 
 
+@contextlib.contextmanager
+def throwaway_engine(backend: str, metadata: sa.MetaData | None = None) -> Iterator[sa.Engine]:
+    """An engine on a :func:`throwaway_database` with ``metadata``'s tables made; disposed at the
+    exit (an embedded default of the engine is closed with it)."""
+    with throwaway_database(backend) as url:
+        engine = sa.create_engine(url)
+        try:
+            if metadata is not None:
+                metadata.create_all(engine)
+            yield engine
+        finally:
+            engine.dispose()
+
+
 def empty_table(engine: sa.Engine, table: sa.Table) -> None:
     """Untimed, between runs: ``TRUNCATE`` (no dead rows left behind), SQLite ``DELETE``."""
     with engine.begin() as conn:
@@ -225,28 +240,24 @@ def environment(*peers: str) -> dict[str, Any]:
 # -- side-by-side timing -----------------------------------------------------------------------
 
 
-def loop(call: Callable[..., Any], n: int, *args: Any) -> Callable[[Any], None]:
-    """A variant's ``run``: ``call(*args)`` ``n`` times, in the cheapest Python loop there is."""
+def loop(call: Callable[..., Any], n: int, *args: Any,
+         nones: list[int] | None = None) -> Callable[[Any], None]:
+    """A variant's ``run``: ``call(*args)`` ``n`` times, in the cheapest Python loop there is.
+    With ``nones``, for a generator that may return ``None`` (snowflake-id does when a
+    millisecond's ids are spent), ``call()``: each run appends how many it missed to ``nones``."""
 
     def run(_: Any = None) -> None:
         for _ in repeat(None, n):
             call(*args)
 
-    return run
-
-
-def loop_counting_none(call: Callable[[], Any], n: int, counts: list[int]) -> Callable[[Any], None]:
-    """:func:`loop` for a generator that may return ``None`` (snowflake-id does when a
-    millisecond's ids are spent): each run appends how many it missed to ``counts``."""
-
-    def run(_: Any = None) -> None:
+    def counting(_: Any = None) -> None:
         missed = 0
         for _ in repeat(None, n):
             if call() is None:
                 missed += 1
-        counts.append(missed)
+        nones.append(missed)  # type: ignore[union-attr]
 
-    return run
+    return run if nones is None else counting
 
 
 @dataclass

@@ -30,7 +30,6 @@ import uuid_utils
 from ulid import ULID
 
 from sqlalchemy_tickets import CachedSource, DatacenterTier, TicketServer
-from sqlalchemy_tickets.sources.datacenter import create_datacenter_tables
 
 NAME, TARGET, LIMIT, TIER_TARGET, THREADS = "bench_alloc", 1.0, 1.5, 1.1, 8
 REF, CACHE = "uuid_utils.uuid7", "CachedSource.next_id"
@@ -90,10 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     nones: list[int] = []
     with h.throwaway_database(backend) as url, h.throwaway_database(backend) as dc:
         h.first_contact(url, ["bench", "bench_uncached"])
-        create_datacenter_tables(dc, timeout=h.SETUP_TIMEOUT)
         server, upstream = TicketServer(url), TicketServer(url)
-        with DatacenterTier(dc, upstream=upstream, timeout=h.SETUP_TIMEOUT) as first:
-            first.next_block("bench", 1)  # the tier's first contact, before any clock
+        h.tier_contact(dc, upstream, ["bench"])
         tier = DatacenterTier(dc, upstream=upstream)
         caches = {CACHE: CachedSource(TicketServer(url)),
                   TIER: CachedSource(tier, waste_ratio=1.0),
@@ -106,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
                 h.watched(h.Variant(CACHE, h.loop(cache.next_id, n, "bench"), per=n), cache,
                           waits["single"]),
                 h.Variant(REF, h.loop(uuid_utils.uuid7, n), per=n),
-                h.Variant("snowflake-id", h.loop_counting_none(
-                    snowflake.SnowflakeGenerator(1).__next__, n, nones), per=n),
+                h.Variant("snowflake-id", h.loop(snowflake.SnowflakeGenerator(1).__next__, n,
+                                                 nones=nones), per=n),
                 h.Variant("uuid6.uuid7", h.loop(uuid6.uuid7, n), per=n),
                 h.Variant("python-ulid ULID()", h.loop(ULID, n), per=n),
                 h.Variant("locked counter", h.loop(locked_counter(), n), per=n),

@@ -39,7 +39,7 @@ from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(h.REPO_DIR / "tests"))
 from sqlalchemy_tickets import CachedSource, DatacenterTier, TicketsError, TicketServers  # noqa: E402
-from sqlalchemy_tickets.sources.datacenter import create_datacenter_tables, describe_datacenter  # noqa: E402
+from sqlalchemy_tickets.sources.datacenter import describe_datacenter  # noqa: E402
 from support.proxy import TcpProxy  # noqa: E402  (the test suite's real TCP proxy)
 
 NAME = "bench_datacenter"
@@ -106,15 +106,8 @@ def worker(spec: dict[str, Any], pipe: Any) -> None:
 def running(specs: Sequence[dict[str, Any]]) -> Iterator[h.Fleet]:
     """Workers for ``specs``, taking ids from one common start; killed at the exit."""
     with h.Fleet(worker) as fleet:
-        launch(fleet, specs)
+        fleet.go(fleet.start(specs), delay=0.0)
         yield fleet
-
-
-def launch(fleet: h.Fleet, specs: Sequence[dict[str, Any]]) -> None:
-    """More workers; once all of them are ready, they start taking ids together."""
-    fresh = fleet.start(specs)
-    fleet.hear(fresh)  # "ready"
-    fleet.tell(time.monotonic(), fresh)
 
 
 def issued(pair: Sequence[str], sequence: str) -> int:
@@ -137,10 +130,7 @@ def prime(pair: Sequence[str], sequence: str, tiers: dict[str, dict[str, Any]]) 
         servers.next_id(sequence)
         servers.next_id(sequence)
         for dc, settings in tiers.items():
-            with DatacenterTier(dc, upstream=servers, **{**settings,
-                                                        "timeout": h.SETUP_TIMEOUT}) as tier:
-                tier.next_id(sequence)
-                tier.wait_idle(30.0)
+            h.tier_contact(dc, servers, [sequence], **settings)
 
 
 def spec(pair: list[str], dc: str | None, sequence: str, rate: float,
@@ -192,7 +182,7 @@ def restart(urls: dict[str, Any], how: str, tiered: bool, n: int, rate: float,
             if how != "clean":
                 fleet.workers[i][0].kill()
             fleet.workers[i][0].join(30)
-            launch(fleet, [specs[i]])
+            fleet.go(fleet.start([specs[i]]), delay=0.0)
         time.sleep(min(warmup, 5.0))
         final = fleet.ask("pause", range(n, 2 * n))
         advance, grown = issued(urls["pair"], seq) - base, stocked() - stock_base
@@ -326,8 +316,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         made = h.databases(stack, *kinds)
         urls = {"pair": made[:2], "dcs": made[2:]}
-        for dc in urls["dcs"]:
-            create_datacenter_tables(dc, timeout=h.SETUP_TIMEOUT)
         results["databases"] = kinds
         h.log("global round trips by process count")
         results["scaling"] = scaling(urls, counts, 5.0, 1.0 if smoke else 20.0,

@@ -110,18 +110,13 @@ def statements(engine: sa.Engine, name: str, rows: int) -> dict[str, Any]:
 
 
 def run_backend(args: Any, backend: str, rows: int) -> dict[str, Any]:
-    with h.throwaway_database(backend) as url:
-        h.log(f"[{backend}] {url!r}: {rows:,} rows per flush")
-        engine = sa.create_engine(url)
-        try:
-            Base.metadata.create_all(engine)
-            h.first_contact(engine, ["bench"], embedded=True)
-            variants = [flush(engine, name, rows) for name in MODELS]
-            timings = h.interleave(variants, h.rounds(args, 9), label=f"{backend} ")
-            probe = {name: statements(engine, name, rows) for name in MODELS}
-        finally:
-            stats = embedded_source(engine).stats()
-            engine.dispose()  # closes the embedded default with it
+    with h.throwaway_engine(backend, Base.metadata) as engine:
+        h.log(f"[{backend}] {engine.url!r}: {rows:,} rows per flush")
+        h.first_contact(engine, ["bench"], embedded=True)
+        variants = [flush(engine, name, rows) for name in MODELS]
+        timings = h.interleave(variants, h.rounds(args, 9), label=f"{backend} ")
+        probe = {name: statements(engine, name, rows) for name in MODELS}
+        stats = embedded_source(engine).stats()
     return {
         "ratios": {f"{a}/{b}": h.ratio_summary(timings, a, b, TARGET if a == "ticket" and
                                                b == "autoinc" else None)

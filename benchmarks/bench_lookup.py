@@ -78,28 +78,23 @@ def summary(timings: h.Timings, case: str) -> dict[str, Any]:
 
 def run_backend(args: Any, backend: str, with_hits: bool) -> dict[str, Any]:
     hit_n, load_n = (50, 50) if args.smoke else (SIZES["hit"], SIZES["load"])
-    with h.throwaway_database(backend) as url:
-        h.log(f"[{backend}] {url!r}")
-        engine = sa.create_engine(url)
-        try:
-            Base.metadata.create_all(engine)
-            new_id = PrefixedId("post").new_id
-            ids = [new_id() for _ in range(max(hit_n, load_n))]
-            with engine.begin() as conn:
-                conn.execute(Post.__table__.insert(), [{"id": i, "title": i} for i in ids])
-            result: dict[str, Any] = {}
-            if with_hits:
-                with Session(engine) as session:
-                    held = [session.get(Post, value) for value in ids[:hit_n]]  # kept: the
-                    timings = h.interleave(  # identity map holds objects only weakly
-                        hit_variants(session, ids[:hit_n]), h.rounds(args, 15), label="hit ")
-                    assert len(held) == hit_n
-                result["hit"] = summary(timings, "hit")
-            result["load"] = summary(h.interleave(load_variants(engine, ids[:load_n]),
-                                                  h.rounds(args, 15), label=f"{backend} load "),
-                                     "load")
-        finally:
-            engine.dispose()
+    with h.throwaway_engine(backend, Base.metadata) as engine:
+        h.log(f"[{backend}] {engine.url!r}")
+        new_id = PrefixedId("post").new_id
+        ids = [new_id() for _ in range(max(hit_n, load_n))]
+        with engine.begin() as conn:
+            conn.execute(Post.__table__.insert(), [{"id": i, "title": i} for i in ids])
+        result: dict[str, Any] = {}
+        if with_hits:
+            with Session(engine) as session:
+                held = [session.get(Post, value) for value in ids[:hit_n]]  # kept: the
+                timings = h.interleave(  # identity map holds objects only weakly
+                    hit_variants(session, ids[:hit_n]), h.rounds(args, 15), label="hit ")
+                assert len(held) == hit_n
+            result["hit"] = summary(timings, "hit")
+        result["load"] = summary(h.interleave(load_variants(engine, ids[:load_n]),
+                                              h.rounds(args, 15), label=f"{backend} load "),
+                                 "load")
     return result
 
 

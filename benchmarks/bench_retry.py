@@ -91,18 +91,15 @@ def run_backend(args: Any, backend: str, units: int, rows: int) -> dict[str, Any
     warnings: list[str] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
-    with h.throwaway_database(backend) as url:
-        h.log(f"[{backend}] {url!r}: {units} units of {rows:,} rows per run")
-        engine = sa.create_engine(url)
+    with h.throwaway_engine(backend, Base.metadata) as engine:
+        h.log(f"[{backend}] {engine.url!r}: {units} units of {rows:,} rows per run")
         logging.getLogger("sqlalchemy_tickets").addHandler(handler)
         try:
-            Base.metadata.create_all(engine)
             h.first_contact(engine, ["bench"], embedded=True)
             timings = h.interleave(variants(engine, units, rows), h.rounds(args, 21),
                                    label=f"{backend} ")
         finally:
             logging.getLogger("sqlalchemy_tickets").removeHandler(handler)
-            engine.dispose()  # closes the embedded default with it
     return {
         "ratios": {key: h.ratio_summary(timings, a, b, t) for key, (a, b, t) in PAIRS.items()},
         "median_ms_per_unit": {name: timings.median(name) * 1e3 for name in timings.seconds},

@@ -190,13 +190,11 @@ def draw(env: dict[str, Any], results: dict[str, Any]) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    def options(parser: Any) -> None:
-        parser.add_argument("--sizes", default=None, help="numbers of sequences, comma-separated")
-        parser.add_argument("--layouts", default="server,tier", help="server,tier")
-        parser.add_argument("--lazy", type=int, default=None,
-                            help="fresh sequences whose first id is taken one at a time")
-
-    args = h.parse_args(__doc__, argv, options, backends=("postgresql",))
+    args = h.parse_args(__doc__, argv, {
+        "--sizes": dict(default=None, help="numbers of sequences, comma-separated"),
+        "--layouts": dict(default="server,tier", help="server,tier"),
+        "--lazy": dict(type=int, default=None, help="fresh sequences whose first id is taken "
+                       "one at a time")}, backends=("postgresql",))
     sizes = ([int(x) for x in args.sizes.split(",") if x.strip()] if args.sizes
              else [10, 50] if args.smoke else [10, 100, 1000, 5000])
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]

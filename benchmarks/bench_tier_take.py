@@ -21,11 +21,9 @@ ratios. Check (``--strict``): time per take new / baseline <= 1 at every P. ``--
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import statistics
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -64,32 +62,16 @@ def worker(spec: dict[str, Any], conn: Any) -> None:
     tier.next_block(seq, count)
     before = tier.stats()
     conn.send("ready")
-    start = conn.recv()
-    latencies: list[float] = []
-    ids: list[int] = []
-    errors: list[str] = []
-    clock, now = time.perf_counter, time.monotonic
-    gc.collect()
-    gc.disable()
-    time.sleep(max(0.0, start - now()))
-    end = start + spec["seconds"]
-    while now() < end:
-        began = clock()
-        try:
-            block = tier.next_block(seq, count)
-        except TicketsError as error:
-            errors.append(repr(error))
-            continue
-        latencies.append(clock() - began)
-        ids.extend(block)
-    gc.enable()
+    latencies, blocks, errors = h.window(lambda: tier.next_block(seq, count), conn.recv(),
+                                         spec["seconds"], TicketsError)
     after = tier.stats()
     stock = next(s for s in tier.describe() if s.sequence == seq).stock if filled else None
     tier.close()
     upstream.close()
     conn.send({"summary": {k: v if k == "count" else v * 1e3
                            for k, v in h.distribution(latencies).items()},
-               "latencies_us": [round(x * 1e6) for x in latencies], "ids": ids,
+               "latencies_us": [round(x * 1e6) for x in latencies],
+               "ids": [i for block in blocks for i in block],
                "errors": len(errors), "first_errors": errors[:3], "stock_after": stock,
                "stats": {k: after[k] - before[k] for k in STATS}})
 
@@ -105,8 +87,8 @@ def run(src: Path, urls: dict[str, str], p: int, seq: str, count: int,
         libraries = sorted({s["library"] for s in started})
         if any(not lib.startswith(str(src) + os.sep) for lib in libraries):
             raise RuntimeError(f"workers imported {libraries}, not the tree at {src}")
-        workers.ask("go")  # build the tiers, one untimed take each
-        workers.tell(time.monotonic() + 0.5)  # the common start
+        workers.tell("go")  # build the tiers, one untimed take each
+        workers.go()  # the common start
         answers = workers.hear()
     ids = [i for a in answers for i in a["ids"]]
     pooled = h.distribution([x / 1e3 for a in answers for x in a["latencies_us"]])
@@ -150,13 +132,12 @@ def draw(env: dict[str, Any], results: dict[str, Any], procs: list[int]) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    def options(parser: Any) -> None:
-        parser.add_argument("--procs", default=None, help="worker counts (default 2,8,24)")
-        parser.add_argument("--seconds", type=float, default=None, help="window (default 10)")
-        parser.add_argument("--count", type=int, default=1, help="ids per take (default 1)")
-        parser.add_argument("--baseline-ref", default="18dfaeb", help="git ref of the baseline")
-
-    args = h.parse_args(__doc__, argv, options, backends=("postgresql", "mysql"))
+    args = h.parse_args(__doc__, argv, {
+        "--procs": dict(default=None, help="worker counts (default 2,8,24)"),
+        "--seconds": dict(type=float, default=None, help="window (default 10)"),
+        "--count": dict(type=int, default=1, help="ids per take (default 1)"),
+        "--baseline-ref": dict(default="18dfaeb", help="git ref of the baseline")},
+        backends=("postgresql", "mysql"))
     procs = ([int(x) for x in args.procs.split(",")] if args.procs
              else [2] if args.smoke else [2, 8, 24])
     seconds, rounds = args.seconds or (1.0 if args.smoke else 10.0), h.rounds(args, ROUNDS)

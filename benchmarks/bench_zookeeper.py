@@ -29,14 +29,9 @@ from typing import Any
 
 import _harness as h
 
+import sqlalchemy_tickets as st
+
 sys.path.insert(0, str(h.REPO_DIR / "tests"))
-from sqlalchemy_tickets import (  # noqa: E402
-    CachedSource,
-    DatacenterTier,
-    TicketServer,
-    TicketServers,
-    ZooKeeperSource,
-)
 from support.zookeeper import start_ensemble  # noqa: E402
 
 NAME, BLOCK, ZK = "bench_zookeeper", 100, "ZooKeeper (3 servers)"
@@ -46,8 +41,8 @@ SERVERS = {"postgresql": "TicketServer PostgreSQL", "mysql": "TicketServer Maria
 def worker(spec: dict[str, Any], conn: Any) -> None:
     """Part 1, one process: an untimed first call (connect, create), then ``next_block`` back to
     back through the window from the instant the parent sends; its latencies in ms."""
-    source = (ZooKeeperSource(spec["hosts"], path="/bench", timeout=30.0) if "hosts" in spec
-              else TicketServer(spec["url"], timeout=30.0))
+    source = (st.ZooKeeperSource(spec["hosts"], path="/bench", timeout=30.0) if "hosts" in spec
+              else st.TicketServer(spec["url"], timeout=30.0))
     with contextlib.closing(source):
         source.next_block(spec["sequence"], BLOCK)
         conn.send("ready")
@@ -78,8 +73,8 @@ def layered(dc: str, upstream: Any, seconds: float, sequence: str) -> dict[str, 
     """Part 2: ids/s of ``next_id`` in one process through a cache over a tier over
     ``upstream`` (every id checked distinct)."""
     h.tier_contact(dc, upstream, [sequence], supply=5.0)
-    with DatacenterTier(dc, upstream, supply=5.0, timeout=10.0) as tier, \
-            CachedSource(tier) as cache:
+    with st.DatacenterTier(dc, upstream, supply=5.0, timeout=10.0) as tier, \
+            st.CachedSource(tier) as cache:
         h.loop(cache.next_id, 100, sequence)()  # warm: the cache's first refills
         started = time.perf_counter()
         chunks = h.window(lambda: [cache.next_id(sequence) for _ in range(1000)],
@@ -99,8 +94,8 @@ def leader_kill(ensemble: Any, after: float) -> dict[str, Any]:
     the latencies (ms) before the kill and for ``after`` s after it, and the calls that failed."""
     samples: list[tuple[float, float]] = []
     errors, killed = 0, 0.0
-    with contextlib.closing(ZooKeeperSource(ensemble.hosts, path="/bench-kill",
-                                            timeout=2.0)) as source:
+    with contextlib.closing(st.ZooKeeperSource(ensemble.hosts, path="/bench-kill",
+                                               timeout=2.0)) as source:
         source.next_block("kill", BLOCK)
         begin = time.monotonic()
         while time.monotonic() < (killed or begin + 2.0) + after:
@@ -137,37 +132,32 @@ def draw(env: dict[str, Any], results: dict[str, Any]) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    def options(parser: Any) -> None:
-        parser.add_argument("--procs", default="1,8,24", help="process counts, comma-separated")
-        parser.add_argument("--seconds", type=float, default=5.0, help="timed window per run")
-
-    args = h.parse_args(__doc__, argv, options, backends=tuple(SERVERS), peers=("kazoo",))
+    args = h.parse_args(__doc__, argv, {
+        "--procs": dict(default="1,8,24", help="process counts, comma-separated"),
+        "--seconds": dict(type=float, default=5.0, help="timed window per run")},
+        backends=tuple(SERVERS), peers=("kazoo",))
     procs = [1, 2] if args.smoke else [int(p) for p in args.procs.split(",") if p]
     seconds = 1.0 if args.smoke else args.seconds
     servers = [b for b in args.backends if b in SERVERS]
-    ensemble = start_ensemble()
-    try:
-        with contextlib.ExitStack() as stack:
-            pg, my, pg2, dc = h.databases(stack, "postgresql", "mysql", "postgresql", "postgresql")
-            urls = {"postgresql": pg, "mysql": my}
-            for backend in servers:
-                h.first_contact(urls[backend], [f"blocks_p{p}" for p in procs])
-            h.log("part 1: next_block from P processes")
-            specs = {ZK: {"hosts": ensemble.hosts}} | {SERVERS[b]: {"url": urls[b]}
-                                                       for b in servers}
-            results = {"blocks": blocks(specs, procs, seconds)}
-            h.log("part 2: ids/s through CachedSource(DatacenterTier(upstream))")
-            with contextlib.closing(ZooKeeperSource(ensemble.hosts, path="/bench-layers")) as zk, \
-                    contextlib.closing(TicketServers([pg2, my])) as pair:
-                results["layered"] = {"ZooKeeper": layered(dc, zk, seconds, "layered_zk"),
-                                      "Flickr pair": layered(dc, pair, seconds, "layered_pair")}
-            h.log("part 3: the leader killed under an uncached caller")
-            results["leader_kill"] = leader_kill(ensemble, 1.0 if args.smoke else 5.0)
-    finally:
-        ensemble.close()
-    errors = float(results["leader_kill"]["errors"])
-    return h.report(args, NAME, results, figure=draw(args.env, results),
-                    checks={"leader_kill_errors": h.check(errors, 0.0)},
+    with contextlib.ExitStack() as stack:  # the databases dropped, then the ensemble stopped
+        ensemble = start_ensemble()
+        stack.callback(ensemble.close)
+        pg, my, pg2, dc = h.databases(stack, "postgresql", "mysql", "postgresql", "postgresql")
+        urls = {"postgresql": pg, "mysql": my}
+        for backend in servers:
+            h.first_contact(urls[backend], [f"blocks_p{p}" for p in procs])
+        h.log("part 1: next_block from P processes")
+        specs = {ZK: {"hosts": ensemble.hosts}, **{SERVERS[b]: {"url": urls[b]} for b in servers}}
+        results = {"blocks": blocks(specs, procs, seconds)}
+        h.log("part 2: ids/s through CachedSource(DatacenterTier(upstream))")
+        with contextlib.closing(st.ZooKeeperSource(ensemble.hosts, path="/bench-layers")) as zk, \
+                contextlib.closing(st.TicketServers([pg2, my])) as pair:
+            results["layered"] = {"ZooKeeper": layered(dc, zk, seconds, "layered_zk"),
+                                  "Flickr pair": layered(dc, pair, seconds, "layered_pair")}
+        h.log("part 3: the leader killed under an uncached caller")
+        results["leader_kill"] = leader_kill(ensemble, 1.0 if args.smoke else 5.0)
+    return h.report(args, NAME, results, figure=draw(args.env, results), checks={
+                    "leader_kill_errors": h.check(float(results["leader_kill"]["errors"]), 0.0)},
                     parameters={"procs": procs, "seconds": seconds, "block": BLOCK})
 
 

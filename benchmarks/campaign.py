@@ -72,7 +72,7 @@ from sqlalchemy_tickets import (  # noqa: E402
     TicketServers,
     configure,
 )
-from sqlalchemy_tickets.sources.datacenter import create_datacenter_tables, describe_datacenter  # noqa: E402
+from sqlalchemy_tickets.sources.datacenter import describe_datacenter  # noqa: E402
 from support.rewind import FollowingProxy, dump, pg_connect, restore, start_postgresql_pair  # noqa: E402
 from support.servers import ServerProcess, start_private_mariadb  # noqa: E402
 
@@ -356,11 +356,7 @@ class Campaign:
                 engine = sa.create_engine(dc)
                 Base.metadata.create_all(engine)
                 engine.dispose()
-                create_datacenter_tables(dc, timeout=h.SETUP_TIMEOUT)
-                with DatacenterTier(dc, upstream=pair, **{**TIER_OPTIONS,
-                                                          "timeout": h.SETUP_TIMEOUT}) as tier:
-                    tier.next_id(SEQ)
-                    tier.wait_idle(30.0)
+                h.tier_contact(dc, pair, [SEQ], **TIER_OPTIONS)
         self.pg.wait_caught_up()
         return [last_id(url) for url in (self.a_url, self.b_url)]
 
@@ -755,13 +751,12 @@ def draw(env: dict[str, Any], res: dict[str, Any], duration: float, title: str) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    def extra(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--duration", type=float, default=None, help="seconds (600; soak 300)")
-        parser.add_argument("--workers", type=int, default=None, help="per datacenter (2; soak 4)")
-        parser.add_argument("--schedule", choices=("random", "soak"), default="random")
-        parser.add_argument("--logs", type=Path, default=None, help="keep worker logs here")
-
-    args = h.parse_args(__doc__, argv, extra, backends=("postgresql", "mysql"))
+    args = h.parse_args(__doc__, argv, {
+        "--duration": dict(type=float, default=None, help="seconds (600; soak 300)"),
+        "--workers": dict(type=int, default=None, help="per datacenter (2; soak 4)"),
+        "--schedule": dict(choices=("random", "soak"), default="random"),
+        "--logs": dict(type=Path, default=None, help="keep worker logs here")},
+        backends=("postgresql", "mysql"))
     soak = args.schedule == "soak"
     args.duration = args.duration or (32.0 if args.smoke else 300.0 if soak else 600.0)
     args.workers = args.workers or (1 if args.smoke else 4 if soak else 2)
