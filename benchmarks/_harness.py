@@ -379,6 +379,13 @@ def distribution(samples: Sequence[float]) -> dict[str, float]:
             "p90": pick(0.9), "p99": pick(0.99), "max": ordered[-1]}
 
 
+def timed(call: Callable[..., Any], *args: Any) -> tuple[float, Any]:
+    """``call(*args)`` once: the seconds it took (``perf_counter``) and what it returned."""
+    start = time.perf_counter()
+    result = call(*args)
+    return time.perf_counter() - start, result
+
+
 def window(call: Callable[[], Any], start: float, seconds: float,
            catch: type[BaseException] | tuple[type[BaseException], ...] = ()
            ) -> tuple[list[float], list[Any], list[str]]:
@@ -476,10 +483,12 @@ class Fleet(contextlib.AbstractContextManager):  # type: ignore[type-arg]
 
 
 def work(target: Callable[[Any, Any], None], spec: Any, conn: Any) -> None:
-    """A :class:`Fleet` worker: ``target(spec, conn)``; what it raises goes to the parent."""
+    """A :class:`Fleet` worker: ``target(spec, conn)``; what it raises goes to the parent (and
+    to stderr: some parents, the campaign's, hear nothing from their workers)."""
     try:
         target(spec, conn)
     except BaseException:
+        traceback.print_exc()
         conn.send({"error": traceback.format_exc()})
         raise SystemExit(1) from None
 

@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import _harness as h
 
-NAME, TARGET, PACKAGE, TOP = "bench_import", 1.1, "sqlalchemy_tickets", 20
+NAME, TARGET, PACKAGE = "bench_import", 1.1, "sqlalchemy_tickets"
 SRC_DIR = h.REPO_DIR / "src"
 #: A child: the clock runs around ``body`` only; ``prelude`` and the report are outside it.
 CHILD = """\
@@ -94,8 +92,8 @@ RATIOS: dict[str, list[tuple[str, str, float | None]]] = {
 SMOKE_LEAVES_OUT = {"sqlalchemy.orm, gc off", f"{PACKAGE}, gc off", "tickets + BigInteger"}
 
 
-def run_child(code: str, env: Mapping[str, str], *flags: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([sys.executable, *flags, "-c", code], env=dict(env), text=True,
+def run_child(code: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([sys.executable, "-c", code], env=dict(env), text=True,
                           cwd=tempfile.gettempdir(),  # nothing on the path by accident
                           capture_output=True, timeout=300, check=False)
     if done.returncode != 0:
@@ -131,14 +129,13 @@ def measure_group(variants: Mapping[str, tuple[str, str]], rounds: int, env: Map
 def main(argv: list[str] | None = None) -> int:
     args = h.parse_args(__doc__, argv, peers=("alembic",))
     rounds = int(args.rounds or (3 if args.smoke else 30))
-    pycache = Path(tempfile.mkdtemp(prefix="bench_import_pycache_"))
     children = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     children["PYTHONPATH"] = os.pathsep.join(filter(None, (str(SRC_DIR),
                                                            os.environ.get("PYTHONPATH"))))
-    children["PYTHONPYCACHEPREFIX"] = str(pycache)
     results: dict[str, Any] = {}
     imported: set[str] = set()
-    try:
+    with tempfile.TemporaryDirectory(prefix="bench_import_pycache_") as pycache:
+        children["PYTHONPYCACHEPREFIX"] = pycache
         run_child(f"import sqlalchemy.orm, {PACKAGE}, alembic", children)  # writes the bytecode
         for group, variants in GROUPS.items():
             if args.smoke:  # seconds, not a minute: the pairs with a verdict or a headline
@@ -156,8 +153,6 @@ def main(argv: list[str] | None = None) -> int:
                 **inner.to_json(),
                 "whole_process_seconds_per_round": outer.seconds,
             }
-    finally:
-        shutil.rmtree(pycache, ignore_errors=True)
     expected = str(SRC_DIR / PACKAGE / "__init__.py")
     if imported != {expected}:
         raise RuntimeError(f"the children imported {sorted(imported)}, not {expected}")

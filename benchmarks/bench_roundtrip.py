@@ -20,7 +20,6 @@ guard's cost per take in the database (per block: never per id behind a cache).
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any
 
 import _harness as h
@@ -82,9 +81,8 @@ def run_backend(args: Any, backend: str) -> dict[str, Any]:
         server = TicketServer(url)
         engine, connection, takes = raw_takes(url, backend)
         try:
-            cursor, start = connection.cursor(), time.perf_counter()
-            h.loop(takes["raw"], 20, cursor)()
-            per_call = (time.perf_counter() - start) / 20
+            cursor = connection.cursor()
+            per_call = h.timed(h.loop(takes["raw"], 20, cursor))[0] / 20
             cursor.close()
             calls = 20 if args.smoke else max(100, min(5000, int(0.15 / per_call)))
             h.log(f"[{backend}] {url!r}: {calls} round trips per run")

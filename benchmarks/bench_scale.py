@@ -72,10 +72,8 @@ def measure(spec: dict[str, Any], conn: Any) -> None:
     lazy = [f"{spec['prefix']}lazy{i:04d}" for i in range(spec["lazy"])]
     before = {t.ident for t in threading.enumerate() if t.ident is not None}
     server = TicketServer(spec["global_url"], **OPTIONS)
-    started = time.perf_counter()
-    server.create_tables(names)
     out: dict[str, Any] = {"layout": LAYOUTS[spec["layout"]],
-                           "create_tables_seconds": time.perf_counter() - started}
+                           "create_tables_seconds": h.timed(server.create_tables, names)[0]}
     tier = spec["dc_url"] and DatacenterTier(spec["dc_url"], upstream=server, **OPTIONS)
     cache = CachedSource(tier or server, **OPTIONS)
     idle = [s for s in (cache, tier) if s]
@@ -86,12 +84,8 @@ def measure(spec: dict[str, Any], conn: Any) -> None:
         gc.collect()
         mem0, waits = memory(), cache.stats()["blocking_waits"]
         h.log(f"  {label}first contact")
-        started = time.perf_counter()
-        cache.prepare(names)
-        prepared = time.perf_counter() - started
-        for name in names:
-            cache.next_id(name)
-        contact = time.perf_counter() - started
+        prepared = h.timed(cache.prepare, names)[0]
+        contact = prepared + h.timed(lambda: [cache.next_id(name) for name in names])[0]
         first_waits = cache.stats()["blocking_waits"] - waits
         for source in idle:
             source.wait_idle(30.0)
@@ -103,12 +97,8 @@ def measure(spec: dict[str, Any], conn: Any) -> None:
                    rss_kb_per_sequence=(mem1["VmRSS"] - mem0["VmRSS"]) / max(1, s),
                    vmsize_kb_per_sequence=(mem1["VmSize"] - mem0["VmSize"]) / max(1, s))
         out["threads"] = sum(out["threads_by_name"].values())
-        took = []
-        for name in lazy:
-            began = time.perf_counter()
-            cache.next_id(name)
-            took.append(time.perf_counter() - began)
-        out["lazy_first_contact_per_sequence"] = h.distribution(took)
+        out["lazy_first_contact_per_sequence"] = h.distribution(
+            [h.timed(cache.next_id, name)[0] for name in lazy])
         h.log(f"  {label}prepare + first ids {contact:.2f} s ({prepared:.2f} s prepare), "
               f"{out['threads']} threads, {out['rss_kb_per_sequence']:.1f} KB per sequence")
         n = max(spec["ids_per_run"], PER_LANE * s)
@@ -143,9 +133,7 @@ def measure(spec: dict[str, Any], conn: Any) -> None:
         out["blocking_waits_per_1000_ids"] = out["warm"]["per_1000_ids"][RR]["blocking_waits"]
         cache.wait_idle(30.0)
         held = cache.stats()
-        started = time.perf_counter()
-        burned = cache.close()
-        out["close_seconds"] = time.perf_counter() - started
+        out["close_seconds"], burned = h.timed(cache.close)
         out["close"] = {"lanes": len(held["sequences"]), "held": held["in_hand"],
                         "given_back": cache.stats()["given_back"] - held["given_back"],
                         "burned": burned}

@@ -76,10 +76,9 @@ def layered(dc: str, upstream: Any, seconds: float, sequence: str) -> dict[str, 
     with st.DatacenterTier(dc, upstream, supply=5.0, timeout=10.0) as tier, \
             st.CachedSource(tier) as cache:
         h.loop(cache.next_id, 100, sequence)()  # warm: the cache's first refills
-        started = time.perf_counter()
-        chunks = h.window(lambda: [cache.next_id(sequence) for _ in range(1000)],
-                          time.monotonic(), seconds)[1]
-        elapsed, ids = time.perf_counter() - started, [i for c in chunks for i in c]
+        chunk = lambda: [cache.next_id(sequence) for _ in range(1000)]  # noqa: E731
+        elapsed, (_, chunks, _) = h.timed(h.window, chunk, time.monotonic(), seconds)
+        ids = [i for chunk in chunks for i in chunk]
         if len(set(ids)) != len(ids):
             raise SystemExit("duplicate ids through the layers")
         found = {"ids_per_second": len(ids) / elapsed,

@@ -41,7 +41,6 @@ import contextlib
 import functools
 import json
 import logging
-import multiprocessing
 import os
 import random
 import re
@@ -126,11 +125,13 @@ class Line(Base):
 # -- workers -----------------------------------------------------------------------------------
 
 
-def worker(slot: int, dc: str, pair: list[str], log_path: str, stop: Any) -> None:
-    """Commit an order with its lines every ``TICK`` until ``stop`` is set, logging JSON lines:
+def worker(spec: tuple[int, str, list[str], str, Any], conn: Any) -> None:
+    """A :class:`_harness.Fleet` worker: ``spec`` is ``(slot, dc, pair, log_path, stop)``.
+    Commit an order with its lines every ``TICK`` until ``stop`` is set, logging JSON lines:
     ``C`` per commit (its ids), ``F`` per failed commit, ``H`` once a second (ids held, rewinds,
     ids the tier burned), ``E`` at a clean exit (with every ``stats()``). WARNINGs go to the
     same path with ``.err``."""
+    slot, dc, pair, log_path, stop = spec
     logging.basicConfig(filename=str(Path(log_path).with_suffix(".err")), level=logging.WARNING,
                         format="%(created).3f %(levelname)s %(name)s %(message)s")
     pair_source = TicketServers(pair, backoff=0.5, max_backoff=2.0)
@@ -332,9 +333,9 @@ class Campaign:
         self.proxies = [{s: stack.enter_context(FollowingProxy.for_url(u))
                          for s, u in (("a", self.a_url), ("b", self.b_url))} for _ in self.dcs]
         self.args, self.logs, self.smoke = args, logs, args.smoke
-        self.ctx = multiprocessing.get_context("spawn")
-        self.stop_workers, self.stop = self.ctx.Event(), threading.Event()
-        self.live: dict[int, tuple[Any, Path]] = {}
+        self.fleet = stack.enter_context(h.Fleet(worker))  # the first to go when the stack closes
+        self.stop_workers, self.stop = self.fleet.ctx.Event(), threading.Event()
+        self.live: dict[int, tuple[Any, Path]] = {}  # slot -> its worker process, its log
         self.dc_of: dict[Path, int] = {}  # every worker's log, in the order they started
         self.kills: list[dict[str, Any]] = []
         self.done: list[dict[str, Any]] = []
@@ -377,11 +378,8 @@ class Campaign:
             path = self.logs / f"worker{slot}_{len(self.dc_of):03d}.log"
             self.dc_of[path] = dc
             pair = [self.proxies[dc][s].url(self.url(s)) for s in "ab"]
-        process = self.ctx.Process(target=worker, name=f"campaign-worker{slot}", args=(
-            slot, self.dcs[dc], pair, str(path), self.stop_workers))
-        process.start()
-        with self.lock:
-            self.live[slot] = (process, path)
+            index = self.fleet.start([(slot, self.dcs[dc], pair, str(path), self.stop_workers)])
+            self.live[slot] = (self.fleet.workers[index[0]][0], path)
 
     def stop_all(self, timeout: float) -> list[str]:
         """Stop every worker cleanly; those alive after ``timeout`` are named (a finding) and
@@ -394,14 +392,8 @@ class Campaign:
             process.join(max(0.1, deadline - time.monotonic()))
             if process.is_alive():
                 unclean.append(path.name)
-        self.kill_all()
-        return unclean
-
-    def kill_all(self) -> None:
-        for process, _ in list(self.live.values()):
-            if process.is_alive():
                 process.kill()
-                process.join(10)
+        return unclean
 
     # -- the nemesis ---------------------------------------------------------------------------
 
@@ -571,31 +563,28 @@ class Campaign:
         until = args.duration - (2 if args.smoke else 10)
         nemesis = threading.Thread(target=self.nemesis, name="nemesis", daemon=True,
                                    args=(faults, until, args.schedule == "soak"))
+        for slot in range(slots):  # killed, if the run fails, when the stack closes
+            self.start(slot)
+        deadline = time.monotonic() + 180
+        while not all(p.exists() for p in self.dc_of):  # every worker running: the clock
+            if time.monotonic() > deadline:
+                raise RuntimeError("the workers did not start within 180 s")
+            time.sleep(0.1)
+        self.t0 = time.monotonic()
+        nemesis.start()
+        samples: list[dict[str, Any]] = []
         try:
-            for slot in range(slots):
-                self.start(slot)
-            deadline = time.monotonic() + 180
-            while not all(p.exists() for p in self.dc_of):  # every worker running: the clock
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the workers did not start within 180 s")
-                time.sleep(0.1)
-            self.t0 = time.monotonic()
-            nemesis.start()
-            samples: list[dict[str, Any]] = []
-            try:
-                while (now := self.now()) < args.duration:
-                    if now >= len(samples) * (2.0 if args.smoke else 5.0):
-                        samples.append({"t": now, "load": h.load()})
-                        with contextlib.suppress(Exception):
-                            samples[-1]["stock"] = [stock(dc) for dc in self.dcs]
-                    time.sleep(0.2)
-            finally:
-                self.stop.set()
-                nemesis.join(120)  # the fault under way finishes (bounded by its duration)
-            stopping = time.monotonic()
-            unclean = self.stop_all(60)
+            while (now := self.now()) < args.duration:
+                if now >= len(samples) * (2.0 if args.smoke else 5.0):
+                    samples.append({"t": now, "load": h.load()})
+                    with contextlib.suppress(Exception):
+                        samples[-1]["stock"] = [stock(dc) for dc in self.dcs]
+                time.sleep(0.2)
         finally:
-            self.kill_all()
+            self.stop.set()
+            nemesis.join(120)  # the fault under way finishes (bounded by its duration)
+        stopping = time.monotonic()
+        unclean = self.stop_all(60)
         return {"t0": self.t0, "end": self.now(), "faults": self.done,
                 "faults_not_run": [vars(f) for f in faults if f.at >= until][:50],
                 "dumps": {k: [(round(t, 1), p.name) for t, p in v] for k, v in self.dumps.items()},
