@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.orm import DeclarativeBase
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
@@ -118,11 +118,8 @@ def throwaway_database(backend: str) -> Iterator[URL]:
     must not keep it)."""
     name = f"tickets_bench_{uuid.uuid4().hex[:12]}"
     if backend == "sqlite":
-        directory = tempfile.mkdtemp(prefix="tickets_bench_")
-        try:
-            yield URL.create("sqlite", database=os.path.join(directory, f"{name}.db"))
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
+        with tempfile.TemporaryDirectory(prefix="tickets_bench_", ignore_cleanup_errors=True) as d:
+            yield URL.create("sqlite", database=os.path.join(d, f"{name}.db"))
         return
     server = make_url(os.environ.get(*SERVERS[backend]))
     admin = sa.create_engine(server, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
@@ -172,6 +169,10 @@ def tier_contact(dc: str, upstream: Any, sequences: Sequence[str], **settings: A
         for sequence in sequences:
             tier.next_id(sequence)
         tier.wait_idle(30.0)
+
+
+class Base(DeclarativeBase):
+    """The declarative base of the scripts' ORM models (a script's process holds its own)."""
 
 
 @contextlib.contextmanager
@@ -423,16 +424,18 @@ class Fleet(contextlib.AbstractContextManager):  # type: ignore[type-arg]
     of this one), each running the module-level ``target(spec, conn)`` with a pipe of its own
     (an exception it raises reaches the parent). :meth:`tell` sends to the workers chosen
     (default: all), :meth:`hear` receives one message from each (an error, or a worker gone
-    silent, raises); workers can be added while others run. As a context manager it gives them
-    ``grace`` seconds to end by themselves at its exit, then kills what still runs."""
+    silent, raises); workers can be added while others run (:meth:`start`; ``specs``: the first
+    ones). As a context manager it gives them ``grace`` seconds to end by themselves at its exit,
+    then kills what still runs."""
 
-    def __init__(self, target: Callable[[Any, Any], None], *, method: str = "spawn",
-                 grace: float = 0.0) -> None:
+    def __init__(self, target: Callable[[Any, Any], None], specs: Sequence[Any] = (), *,
+                 method: str = "spawn", grace: float = 0.0) -> None:
         import multiprocessing
 
         self.target, self.grace = target, grace
         self.ctx = multiprocessing.get_context(method)
         self.workers: list[tuple[Any, Any]] = []
+        self.start(specs)
 
     def start(self, specs: Sequence[Any]) -> list[int]:
         """One worker per spec; their indexes."""
@@ -505,14 +508,11 @@ def source_tree(ref: str, *, missing_ok: bool = False) -> Iterator[tuple[Path, s
         log(f"{ref!r} is not here: this tree stands in for it")
         yield REPO_DIR / "src", "this tree"
         return
-    directory = Path(tempfile.mkdtemp(prefix="tickets_bench_src_"))
-    try:
+    with tempfile.TemporaryDirectory(prefix="tickets_bench_src_", ignore_cleanup_errors=True) as d:
         archive = subprocess.run(["git", "-C", str(REPO_DIR), "archive", commit, "src"],
                                  capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(directory)], input=archive, check=True)
-        yield directory / "src", commit
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        subprocess.run(["tar", "-x", "-C", d], input=archive, check=True)
+        yield Path(d) / "src", commit
 
 
 # -- reports -----------------------------------------------------------------------------------

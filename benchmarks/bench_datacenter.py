@@ -31,7 +31,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import _harness as h
@@ -102,14 +102,6 @@ def worker(spec: dict[str, Any], pipe: Any) -> None:
         time.sleep(0.05)
 
 
-@contextlib.contextmanager
-def running(specs: Sequence[dict[str, Any]]) -> Iterator[h.Fleet]:
-    """Workers for ``specs``, taking ids from one common start; killed at the exit."""
-    with h.Fleet(worker) as fleet:
-        fleet.go(fleet.start(specs), delay=0.0)
-        yield fleet
-
-
 def issued(pair: Sequence[str], sequence: str) -> int:
     """Ids the global pair issued so far: each server's last id over its stride."""
     with contextlib.closing(TicketServers(pair, timeout=h.SETUP_TIMEOUT)) as servers:
@@ -146,8 +138,9 @@ def scaling(urls: dict[str, Any], counts: Sequence[int], rate: float, warmup: fl
             seq = f"scale_{'tier' if tiered else 'none'}_{p}"
             dcs = [urls["dcs"][i % 2] for i in range(p)]
             prime(urls["pair"], seq, dict.fromkeys(dcs, FAST_TIER) if tiered else {})
-            with running([spec(urls["pair"], dc if tiered else None, seq, rate, FAST_TIER)
-                          for dc in dcs]) as fleet:
+            with h.Fleet(worker, [spec(urls["pair"], dc if tiered else None, seq, rate, FAST_TIER)
+                                  for dc in dcs]) as fleet:
+                fleet.go(delay=0.0)  # they all start taking ids at once
                 time.sleep(warmup)
                 before = fleet.ask("stats")
                 time.sleep(window)
@@ -175,7 +168,8 @@ def restart(urls: dict[str, Any], how: str, tiered: bool, n: int, rate: float,
     base, stock_base = issued(urls["pair"], seq), stocked()
     specs = [spec(urls["pair"], dc if tiered else None, seq, rate, {}) for dc in dcs]
     stopped = []
-    with running(specs) as fleet:
+    with h.Fleet(worker, specs) as fleet:
+        fleet.go(delay=0.0)
         time.sleep(warmup)
         for i in range(n):  # clean: it closes its cache and exits; kill: a snapshot, SIGKILL
             stopped += fleet.ask("close" if how == "clean" else "stats", [i])
@@ -214,7 +208,8 @@ def outage(urls: dict[str, Any], per_dc: int, rate: float, warmup: float,
     specs = [spec(pair, dcs[i % 2], seq, rate, {}) for i in range(2 * per_dc)]
     timeline: list[dict[str, Any]] = []
     try:
-        with running([*specs, spec(pair, dcs[2], seq, rate, SHORT_TIER)]) as fleet:
+        with h.Fleet(worker, [*specs, spec(pair, dcs[2], seq, rate, SHORT_TIER)]) as fleet:
+            fleet.go(delay=0.0)
             t0 = time.monotonic()
 
             def sample() -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from typing import Any
 import _harness as h
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from sqlalchemy_tickets import TicketId
 from sqlalchemy_tickets.sources.default import embedded_source
@@ -32,32 +32,28 @@ from sqlalchemy_tickets.sources.default import embedded_source
 NAME, TARGET = "bench_flush", 0.9  # ticket time / auto-increment time
 
 
-class Base(DeclarativeBase):
-    pass
-
-
 class Columns:
     title: Mapped[str] = mapped_column(sa.String(50))
     n: Mapped[int] = mapped_column(sa.Integer)
 
 
-class TicketRow(Columns, Base):
+class TicketRow(Columns, h.Base):
     __tablename__ = "bench_ticket"
     id: Mapped[int] = mapped_column(TicketId("bench"), primary_key=True)
 
 
-class AutoincRow(Columns, Base):
+class AutoincRow(Columns, h.Base):
     __tablename__ = "bench_autoinc"  # SQLite auto-increments only an INTEGER PRIMARY KEY
     id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
                                     primary_key=True, autoincrement=True)
 
 
-class PresetRow(Columns, Base):
+class PresetRow(Columns, h.Base):
     __tablename__ = "bench_preset"
     id: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, autoincrement=False)
 
 
-class UuidRow(Columns, Base):
+class UuidRow(Columns, h.Base):
     __tablename__ = "bench_uuid"
     id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, primary_key=True, default=uuid.uuid4)
 
@@ -110,7 +106,7 @@ def statements(engine: sa.Engine, name: str, rows: int) -> dict[str, Any]:
 
 
 def run_backend(args: Any, backend: str, rows: int) -> dict[str, Any]:
-    with h.throwaway_engine(backend, Base.metadata) as engine:
+    with h.throwaway_engine(backend, h.Base.metadata) as engine:
         h.log(f"[{backend}] {engine.url!r}: {rows:,} rows per flush")
         h.first_contact(engine, ["bench"], embedded=True)
         variants = [flush(engine, name, rows) for name in MODELS]

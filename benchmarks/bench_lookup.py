@@ -18,7 +18,7 @@ from typing import Any
 
 import _harness as h
 import sqlalchemy as sa
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from sqlalchemy_tickets import PrefixedId, lookup
 
@@ -27,11 +27,7 @@ TARGETS = {"hit": 1.5, "load": 1.05}
 SIZES = {"hit": 20_000, "load": 1_000}
 
 
-class Base(DeclarativeBase):
-    pass
-
-
-class Post(Base):
+class Post(h.Base):
     __tablename__ = "bench_lookup_posts"
     id: Mapped[str] = mapped_column(PrefixedId("post"), primary_key=True)
     title: Mapped[str] = mapped_column(sa.String(50))
@@ -78,7 +74,7 @@ def summary(timings: h.Timings, case: str) -> dict[str, Any]:
 
 def run_backend(args: Any, backend: str, with_hits: bool) -> dict[str, Any]:
     hit_n, load_n = (50, 50) if args.smoke else (SIZES["hit"], SIZES["load"])
-    with h.throwaway_engine(backend, Base.metadata) as engine:
+    with h.throwaway_engine(backend, h.Base.metadata) as engine:
         h.log(f"[{backend}] {engine.url!r}")
         new_id = PrefixedId("post").new_id
         ids = [new_id() for _ in range(max(hit_n, load_n))]

@@ -21,7 +21,7 @@ from typing import Any
 
 import _harness as h
 import sqlalchemy as sa
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import Mapped, mapped_column, sessionmaker
 
 from sqlalchemy_tickets import TicketId, retry_session
 
@@ -35,11 +35,7 @@ PAIRS = {  # ratio -> (numerator, denominator, target)
 }
 
 
-class Base(DeclarativeBase):
-    pass
-
-
-class Row(Base):
+class Row(h.Base):
     __tablename__ = "bench_retry"
     id: Mapped[int] = mapped_column(TicketId("bench"), primary_key=True)
     title: Mapped[str] = mapped_column(sa.String(50))
@@ -91,7 +87,7 @@ def run_backend(args: Any, backend: str, units: int, rows: int) -> dict[str, Any
     warnings: list[str] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
-    with h.throwaway_engine(backend, Base.metadata) as engine:
+    with h.throwaway_engine(backend, h.Base.metadata) as engine:
         h.log(f"[{backend}] {engine.url!r}: {units} units of {rows:,} rows per run")
         logging.getLogger("sqlalchemy_tickets").addHandler(handler)
         try:

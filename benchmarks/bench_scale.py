@@ -155,8 +155,7 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
     """:func:`measure` in a process of its own (forked: the parent holds no thread and none of
     the library's objects), given 30 minutes; a case that failed is recorded and the run goes
     on."""
-    with h.Fleet(measure, method="fork", grace=30) as fleet:
-        fleet.start([spec])
+    with h.Fleet(measure, [spec], method="fork", grace=30) as fleet:
         try:
             result: dict[str, Any] = fleet.hear(timeout=1800)[0]
         except RuntimeError as error:

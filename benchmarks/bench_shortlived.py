@@ -19,7 +19,7 @@ from typing import Any
 
 import _harness as h
 import sqlalchemy as sa
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from sqlalchemy_tickets import TicketId, TicketServer, configure
 from sqlalchemy_tickets.sources.default import configured_source
@@ -28,11 +28,7 @@ NAME, PROCESSES, TARGET = "bench_shortlived", 3, 0.10
 BURSTS = [50, 2_000, 10_000, 100, 7_849, 10_000]  # + 1 row first: 30,000 rows
 
 
-class Base(DeclarativeBase):
-    pass
-
-
-class Job(Base):
+class Job(h.Base):
     __tablename__ = "jobs"
     id: Mapped[int] = mapped_column(TicketId("jobs"), primary_key=True)
 
@@ -42,7 +38,7 @@ def short_lived(spec: tuple[str, str, list[int]], conn: Any) -> None:
     app_url, ticket_url, bursts = spec
     configure(ticket_url)
     engine = sa.create_engine(app_url)
-    Base.metadata.create_all(engine)
+    h.Base.metadata.create_all(engine)
     first = last = 0
     for size in [1, *bursts]:
         with Session(engine) as session:
@@ -64,8 +60,8 @@ def measure(backend: str, bursts: list[int], processes: int) -> dict[str, Any]:
         h.first_contact(tickets, ["jobs"])
         runs = []
         for _ in range(processes):  # one after the other, each exiting before the next starts
-            with h.Fleet(short_lived, grace=60) as process:
-                process.start([(h.plain(app_url), h.plain(tickets), bursts)])
+            spec = (h.plain(app_url), h.plain(tickets), bursts)
+            with h.Fleet(short_lived, [spec], grace=60) as process:
                 runs += process.hear(timeout=600)
         with contextlib.closing(TicketServer(tickets, timeout=h.SETUP_TIMEOUT)) as server:
             after = server.next_id("jobs")

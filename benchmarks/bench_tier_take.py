@@ -81,8 +81,7 @@ def run(src: Path, urls: dict[str, str], p: int, seq: str, count: int,
     """One run of P workers of one variant (fresh interpreters); its figures."""
     spec = {**urls, "sequence": seq, "stock": STOCK, "tier": TIER, "count": count,
             "seconds": seconds, "src": str(src)}
-    with h.Fleet(worker, grace=60) as workers:
-        workers.start([{**spec, "index": i} for i in range(p)])
+    with h.Fleet(worker, [{**spec, "index": i} for i in range(p)], grace=60) as workers:
         started = workers.hear()  # imported; worker 0 filled the stock
         libraries = sorted({s["library"] for s in started})
         if any(not lib.startswith(str(src) + os.sep) for lib in libraries):

@@ -56,8 +56,8 @@ def blocks(specs: dict[str, dict[str, Any]], procs: list[int], seconds: float) -
     out: dict[str, Any] = {label: {} for label in specs}
     for p in procs:
         for label, spec in specs.items():
-            with h.Fleet(worker, grace=60) as fleet:
-                fleet.start([{**spec, "sequence": f"blocks_p{p}", "seconds": seconds}] * p)
+            specs_p = [{**spec, "sequence": f"blocks_p{p}", "seconds": seconds}] * p
+            with h.Fleet(worker, specs_p, grace=60) as fleet:
                 fleet.go()
                 pooled = [ms for run in fleet.hear() for ms in run]
             d = h.distribution(pooled)

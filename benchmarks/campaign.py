@@ -59,7 +59,7 @@ from typing import Any
 import _harness as h
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
 sys.path.insert(0, str(h.REPO_DIR / "tests"))
 from sqlalchemy_tickets import (  # noqa: E402
@@ -102,11 +102,7 @@ PATTERNS = {k: re.compile(v) for k, v in {
 DISCARDED = re.compile(r"discarded its stock \((\d+) ids")
 
 
-class Base(DeclarativeBase):
-    pass
-
-
-class Order(Base):
+class Order(h.Base):
     __tablename__ = "campaign_orders"
     id: Mapped[int] = mapped_column(TicketId(SEQ), primary_key=True)
     worker: Mapped[int]
@@ -114,7 +110,7 @@ class Order(Base):
     lines: Mapped[list[Line]] = relationship(back_populates="order")
 
 
-class Line(Base):
+class Line(h.Base):
     __tablename__ = "campaign_lines"
     id: Mapped[int] = mapped_column(TicketId(SEQ), primary_key=True)
     order_id: Mapped[int] = mapped_column(sa.ForeignKey("campaign_orders.id"))
@@ -355,7 +351,7 @@ class Campaign:
             pair.next_id(SEQ)
             for dc in self.dcs:
                 engine = sa.create_engine(dc)
-                Base.metadata.create_all(engine)
+                h.Base.metadata.create_all(engine)
                 engine.dispose()
                 h.tier_contact(dc, pair, [SEQ], **TIER_OPTIONS)
         self.pg.wait_caught_up()
