@@ -393,16 +393,12 @@ def window(call: Callable[[], Any], start: float, seconds: float,
     """``call()`` back to back from the monotonic instant ``start`` (as :meth:`Fleet.go` sends
     it) for ``seconds``, collector off: each call's latency in seconds and its result, and the
     ``repr`` of what calls raised of the types ``catch`` (those calls are not timed)."""
-    latencies: list[float] = []
-    results: list[Any] = []
-    errors: list[str] = []
-    clock, now = time.perf_counter, time.monotonic
+    latencies, results, errors, clock, now = [], [], [], time.perf_counter, time.monotonic
     gc.collect()
     gc.disable()
     try:
         time.sleep(max(0.0, start - now()))
-        end = start + seconds
-        while now() < end:
+        while now() < start + seconds:
             began = clock()
             try:
                 result = call()
@@ -546,6 +542,7 @@ def report(args: argparse.Namespace, name: str, results: Mapping[str, Any], *,
         pyplot().close(figure)
     for key, c in checks.items():
         spread = f" (rounds {c['min']:.3f}-{c['max']:.3f})" if "min" in c else ""
+        spread += f", client CPU-time ratio {c['cpu_median']:.3g}" if "cpu_median" in c else ""
         log(f"  {key}: {c['median']:.3g}{spread}, target <= {c['target']:.3g}: "
             + ("PASS" if c.get("passed") else "FAIL"))
     log(f"overall: {'PASS' if passed else 'FAIL'}; wrote " + ", ".join(map(str, written)))

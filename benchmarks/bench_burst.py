@@ -51,9 +51,7 @@ def drive(cache: CachedSource, phases: list[tuple[str, float, float]]) -> list[d
     while phase < len(phases):
         now = min(time.monotonic() - start, ends[phase])
         for _ in range(due_by(phases, now) - issued):
-            t0 = time.perf_counter()
-            cache.next_id("burst")
-            worst = max(worst, time.perf_counter() - t0)
+            worst = max(worst, h.timed(cache.next_id, "burst")[0])
             issued += 1
         if now >= ends[phase]:
             phase += 1

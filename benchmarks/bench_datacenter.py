@@ -35,12 +35,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import _harness as h
-from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(h.REPO_DIR / "tests"))
 from sqlalchemy_tickets import CachedSource, DatacenterTier, TicketsError, TicketServers  # noqa: E402
 from sqlalchemy_tickets.sources.datacenter import describe_datacenter  # noqa: E402
-from support.proxy import TcpProxy  # noqa: E402  (the test suite's real TCP proxy)
+from support.rewind import FollowingProxy  # noqa: E402  (the test suite's real TCP proxy)
 
 NAME = "bench_datacenter"
 FAST_TIER = {"supply": 10.0, "min_block": 10}  # refills every few seconds: visible in a window
@@ -198,46 +197,40 @@ def restart(urls: dict[str, Any], how: str, tiered: bool, n: int, rate: float,
 
 def outage(urls: dict[str, Any], per_dc: int, rate: float, warmup: float,
            cut: float) -> dict[str, Any]:
-    seq, proxies = "outage", []
-    for url in urls["pair"]:
-        u = make_url(url)
-        proxies.append(TcpProxy(u.host or "127.0.0.1", u.port or 5432).start())
-    pair = [p.url(url) for p, url in zip(proxies, urls["pair"], strict=True)]
-    dcs = urls["dcs"]  # [dc A, dc B, short]
-    prime(pair, seq, {dcs[0]: {}, dcs[1]: {}, dcs[2]: SHORT_TIER})
-    specs = [spec(pair, dcs[i % 2], seq, rate, {}) for i in range(2 * per_dc)]
-    timeline: list[dict[str, Any]] = []
-    try:
-        with h.Fleet(worker, [*specs, spec(pair, dcs[2], seq, rate, SHORT_TIER)]) as fleet:
-            fleet.go(delay=0.0)
-            t0 = time.monotonic()
+    seq, dcs, timeline = "outage", urls["dcs"], []  # dcs: [dc A, dc B, short]
+    with contextlib.ExitStack() as stack:  # the workers killed, then the proxies closed
+        proxies = [stack.enter_context(FollowingProxy.for_url(url)) for url in urls["pair"]]
+        pair = [p.url(url) for p, url in zip(proxies, urls["pair"], strict=True)]
+        prime(pair, seq, {dcs[0]: {}, dcs[1]: {}, dcs[2]: SHORT_TIER})
+        specs = [spec(pair, dcs[i % 2], seq, rate, {}) for i in range(2 * per_dc)]
+        fleet = stack.enter_context(h.Fleet(worker, [*specs, spec(pair, dcs[2], seq, rate,
+                                                                  SHORT_TIER)]))
+        fleet.go(delay=0.0)
+        t0 = time.monotonic()
 
-            def sample() -> list[dict[str, Any]]:
-                snaps = fleet.ask("stats")
-                timeline.append({"t": time.monotonic() - t0, "used": [s["used"] for s in snaps],
-                                 "failures": [s["failures"] for s in snaps]})
-                return snaps
+        def sample() -> list[dict[str, Any]]:
+            snaps = fleet.ask("stats")
+            timeline.append({"t": time.monotonic() - t0, "used": [s["used"] for s in snaps],
+                             "failures": [s["failures"] for s in snaps]})
+            return snaps
 
-            def run_for(seconds: float) -> list[dict[str, Any]]:
-                end = time.monotonic() + seconds
-                while time.monotonic() < end:
-                    time.sleep(min(1.0, max(0.0, end - time.monotonic())))
-                    sample()
-                return sample()
+        def run_for(seconds: float) -> list[dict[str, Any]]:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+                sample()
+            return sample()
 
-            run_for(warmup)
-            runway = {f"dc{i}": stock(dc, seq) for i, dc in enumerate(dcs)}
-            before, cut_at = sample(), time.monotonic()
-            for mode in ("refuse", "hang"):
-                for proxy in proxies:
-                    getattr(proxy, mode)()
-                during, back_at = run_for(cut / 2), time.monotonic()
+        run_for(warmup)
+        runway = {f"dc{i}": stock(dc, seq) for i, dc in enumerate(dcs)}
+        before, cut_at = sample(), time.monotonic()
+        for mode in ("refuse", "hang"):
             for proxy in proxies:
-                proxy.forward()
-            after = run_for(min(warmup, 10.0))
-    finally:
+                getattr(proxy, mode)()
+            during, back_at = run_for(cut / 2), time.monotonic()
         for proxy in proxies:
-            proxy.close()
+            proxy.forward()
+        after = run_for(min(warmup, 10.0))
     groups: dict[str, Any] = {}
     for name, members, dc_ids in (("long runway", range(2 * per_dc), (0, 1)),
                                   ("short runway", [2 * per_dc], (2,))):

@@ -97,8 +97,6 @@ def run_backend(args: Any, backend: str, with_hits: bool) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = h.parse_args(__doc__, argv)
     results = {b: run_backend(args, b, with_hits=i == 0) for i, b in enumerate(args.backends)}
-    for key, c in h.found(results, "ratios").items():
-        h.log(f"  {key}: client CPU-time ratio {c['cpu_median']:.3f}")
     return h.report(args, NAME, results, parameters={"calls_per_run": SIZES},
                     title="lookup(session, id) vs session.get(Model, id)",
                     values=("median_us_per_call", "median time per call", "µs"))

@@ -90,28 +90,20 @@ def layered(dc: str, upstream: Any, seconds: float, sequence: str) -> dict[str, 
 
 def leader_kill(ensemble: Any, after: float) -> dict[str, Any]:
     """Part 3: an uncached caller's ``next_block`` back to back, the leader SIGKILLed 2 s in:
-    the latencies (ms) before the kill and for ``after`` s after it, and the calls that failed."""
-    samples: list[tuple[float, float]] = []
-    errors, killed = 0, 0.0
+    the latencies (ms) before the kill and for ``after`` s after it, and the calls that failed
+    (counted, not timed)."""
     with contextlib.closing(st.ZooKeeperSource(ensemble.hosts, path="/bench-kill",
                                                timeout=2.0)) as source:
-        source.next_block("kill", BLOCK)
-        begin = time.monotonic()
-        while time.monotonic() < (killed or begin + 2.0) + after:
-            if not killed and time.monotonic() > begin + 2.0:
-                ensemble.kill(ensemble.leader())
-                killed = time.monotonic()
-            t0 = time.perf_counter()
-            try:
-                source.next_block("kill", BLOCK)
-            except Exception:  # noqa: BLE001 - counted: the figure to report
-                errors += 1
-            samples.append((time.monotonic(), (time.perf_counter() - t0) * 1e3))
-    before, then = (h.distribution([ms for at, ms in samples if (at >= killed) == side])
-                    for side in (False, True))
+        take = lambda: source.next_block("kill", BLOCK)  # noqa: E731
+        take()
+        early, _, errors = h.window(take, time.monotonic(), 2.0, Exception)
+        ensemble.kill(ensemble.leader())
+        late, _, more = h.window(take, time.monotonic(), after, Exception)
+    before, then = (h.distribution([s * 1e3 for s in x]) for x in (early, late))
     h.log(f"  leader killed: p99 {then.get('p99', 0):.1f} ms, max {then.get('max', 0):.1f} ms"
-          f" after it (p99 {before.get('p99', 0):.1f} ms before), {errors} errors")
-    return {"before": before, "after": then, "errors": errors, "window_after_s": after}
+          f" after it (p99 {before.get('p99', 0):.1f} ms before), {len(errors + more)} errors")
+    return {"before": before, "after": then, "errors": len(errors + more),
+            "window_after_s": after}
 
 
 def draw(env: dict[str, Any], results: dict[str, Any]) -> Any:

@@ -62,15 +62,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
 sys.path.insert(0, str(h.REPO_DIR / "tests"))
-from sqlalchemy_tickets import (  # noqa: E402
-    CachedSource,
-    DatacenterTier,
-    TicketId,
-    TicketsError,
-    TicketServer,
-    TicketServers,
-    configure,
-)
+from sqlalchemy_tickets import TicketId, TicketServer, TicketServers  # noqa: E402
 from sqlalchemy_tickets.sources.datacenter import describe_datacenter  # noqa: E402
 from support.rewind import FollowingProxy, dump, pg_connect, restore, start_postgresql_pair  # noqa: E402
 from support.servers import ServerProcess, start_private_mariadb  # noqa: E402
@@ -127,6 +119,8 @@ def worker(spec: tuple[int, str, list[str], str, Any], conn: Any) -> None:
     ``C`` per commit (its ids), ``F`` per failed commit, ``H`` once a second (ids held, rewinds,
     ids the tier burned), ``E`` at a clean exit (with every ``stats()``). WARNINGs go to the
     same path with ``.err``."""
+    from sqlalchemy_tickets import CachedSource, DatacenterTier, TicketsError, configure
+
     slot, dc, pair, log_path, stop = spec
     logging.basicConfig(filename=str(Path(log_path).with_suffix(".err")), level=logging.WARNING,
                         format="%(created).3f %(levelname)s %(name)s %(message)s")
@@ -320,10 +314,9 @@ class Campaign:
         self.a_url, self.a_replica_url = self.pg.database_urls("campaign_global")
         self.b = start_private_mariadb(self.workdir / "b")
         stack.callback(halt, self.b)
-        admin = sa.create_engine(self.b.url, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
+        with sa.create_engine(self.b.url, isolation_level="AUTOCOMMIT",
+                              poolclass=sa.pool.NullPool).connect() as conn:
             conn.exec_driver_sql("CREATE DATABASE campaign_global")
-        admin.dispose()
         self.b_url, self.promoted = self.b.url + "campaign_global", False
         self.dcs = h.databases(stack, "postgresql", "mysql")
         self.proxies = [{s: stack.enter_context(FollowingProxy.for_url(u))
@@ -350,9 +343,7 @@ class Campaign:
             pair.next_id(SEQ)
             pair.next_id(SEQ)
             for dc in self.dcs:
-                engine = sa.create_engine(dc)
-                h.Base.metadata.create_all(engine)
-                engine.dispose()
+                h.Base.metadata.create_all(sa.create_engine(dc, poolclass=sa.pool.NullPool))
                 h.tier_contact(dc, pair, [SEQ], **TIER_OPTIONS)
         self.pg.wait_caught_up()
         return [last_id(url) for url in (self.a_url, self.b_url)]
