@@ -71,8 +71,6 @@ def log(message: str) -> None:
 
 
 # -- command line ------------------------------------------------------------------------------
-
-
 def parse_args(doc: str | None, argv: Sequence[str] | None = None,
                options: Mapping[str, Mapping[str, Any]] | None = None, *,
                backends: Sequence[str] = BACKENDS, peers: Sequence[str] = ()) -> argparse.Namespace:
@@ -106,8 +104,6 @@ def rounds(args: argparse.Namespace, full: int) -> int:
 
 
 # -- databases ---------------------------------------------------------------------------------
-
-
 @contextlib.contextmanager
 def throwaway_database(backend: str) -> Iterator[URL]:
     """A new empty database ``tickets_bench_<hex>``, dropped afterwards whatever happens.
@@ -117,6 +113,7 @@ def throwaway_database(backend: str) -> Iterator[URL]:
     names, ``DROP DATABASE`` after (PostgreSQL ``WITH (FORCE)``: a connection a failed run left
     must not keep it)."""
     name = f"tickets_bench_{uuid.uuid4().hex[:12]}"
+    log(f"[{backend}] a throwaway database, {name}")
     if backend == "sqlite":
         with tempfile.TemporaryDirectory(prefix="tickets_bench_", ignore_cleanup_errors=True) as d:
             yield URL.create("sqlite", database=os.path.join(d, f"{name}.db"))
@@ -205,8 +202,6 @@ def count_rows(engine: sa.Engine, table: sa.Table) -> int:
 
 
 # -- environment -------------------------------------------------------------------------------
-
-
 def git(*args: str) -> str | None:
     try:
         return subprocess.run(["git", *args], cwd=REPO_DIR, capture_output=True, text=True,
@@ -239,8 +234,6 @@ def environment(*peers: str) -> dict[str, Any]:
 
 
 # -- side-by-side timing -----------------------------------------------------------------------
-
-
 def loop(call: Callable[..., Any], n: int, *args: Any,
          nones: list[int] | None = None) -> Callable[[Any], None]:
     """A variant's ``run``: ``call(*args)`` ``n`` times, in the cheapest Python loop there is.
@@ -413,8 +406,6 @@ def window(call: Callable[[], Any], start: float, seconds: float,
 
 
 # -- processes ---------------------------------------------------------------------------------
-
-
 class Fleet(contextlib.AbstractContextManager):  # type: ignore[type-arg]
     """Worker processes (``multiprocessing``; ``method`` spawn: fresh interpreters, fork: copies
     of this one), each running the module-level ``target(spec, conn)`` with a pipe of its own
@@ -512,8 +503,6 @@ def source_tree(ref: str, *, missing_ok: bool = False) -> Iterator[tuple[Path, s
 
 
 # -- reports -----------------------------------------------------------------------------------
-
-
 def report(args: argparse.Namespace, name: str, results: Mapping[str, Any], *,
            parameters: Mapping[str, Any] | None = None,
            checks: Mapping[str, Mapping[str, Any]] | None = None, figure: Any = None,

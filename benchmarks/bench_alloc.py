@@ -1,17 +1,14 @@
 """Allocation fast path: ns per id of a warm ``CachedSource.next_id`` against in-process
 generators, and over a datacenter tier against over a ticket server.
 
-Every cache is primed with 300,000 ids (untimed); before each cache run its refill in flight is
-awaited and the blocking waits the run causes are counted (expected 0); a run takes 40,000 ids;
-51 rounds; ``uuid_utils.uuid7()`` is timed in every round as the common reference. Groups:
-``single`` — ``CachedSource(TicketServer(<PostgreSQL db>))`` with its defaults against
-uuid_utils, snowflake-id (its ``None`` results counted), uuid6, python-ulid, a locked counter and
-an uncached ``TicketServer.next_id`` (**target: cache <= 1.0 x uuid_utils, never > 1.5 x**);
-``threads`` — one generator shared by 8 threads released by a barrier, then 200,000 ids from 8
-threads checked distinct and increasing per thread; ``tier`` —
-``CachedSource(DatacenterTier(dc, upstream=TicketServer(global)))`` against
-``CachedSource(TicketServer(global))``, both ``waste_ratio=1.0`` so a run's ids are in hand
-(**target: tier / server <= 1.1**).
+Caches primed with 300,000 ids, refills awaited before each run and the blocking waits a run
+causes counted (0 expected); 40,000 ids a run, 51 rounds, ``uuid_utils.uuid7()`` in every group.
+``single``: ``CachedSource(TicketServer(<PostgreSQL db>))`` vs uuid_utils, snowflake-id (its
+``None`` results counted), uuid6, python-ulid, a locked counter and an uncached
+``TicketServer.next_id`` (**target: cache <= 1.0 x uuid_utils, never > 1.5 x**); ``threads``:
+one generator shared by 8 threads, then 200,000 ids from 8 threads checked distinct and
+increasing per thread; ``tier``: ``CachedSource(DatacenterTier(dc, upstream))`` vs
+``CachedSource(TicketServer)``, both ``waste_ratio=1.0`` (**target: tier / server <= 1.1**).
 
     .venv/bin/python benchmarks/bench_alloc.py [--smoke] [--rounds 51] [--backends postgresql]
 """

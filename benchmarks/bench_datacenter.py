@@ -1,24 +1,21 @@
 """The datacenter tier across processes: global round trips by process count, ids burned by a
 rolling restart, and blocking waits through a global outage.
 
-Worker processes (spawn) take ids of one sequence at a steady rate through
-``CachedSource(DatacenterTier(dc, upstream=pair))`` ("tier") or ``CachedSource(pair)`` ("no
-tier"), ``pair`` being ``TicketServers`` over two global PostgreSQL databases, the datacenters a
-PostgreSQL and a MariaDB database (``--backends``); caches at their defaults, tables made first.
+Worker processes take ids of one sequence at a steady rate through ``CachedSource(DatacenterTier(dc,
+upstream=pair))`` ("tier") or ``CachedSource(pair)`` ("no tier"), ``pair`` being ``TicketServers``
+over two global PostgreSQL databases, the datacenters a PostgreSQL and a MariaDB database.
 
-1. **Global round trips per minute**, P = 2, 4, 8, 16, 24 processes at 5 ids/s, with and
-   without the tier (``supply=10``, ``min_block=10``: it refills within the window), summed
-   from each process's ``pair.stats()`` over 60 s after 20 s. **Targets: flat in P with the
-   tier (most / fewest <= 2); no blocking wait.**
-2. **A rolling restart** of 8 processes (10 ids/s, tier defaults) after 20 s, each stopped —
-   ``CachedSource.close()`` or SIGKILL — and replaced; then all pause and burned = ids the pair
-   issued − ids taken − stock growth − ids the new caches hold, against what each stopped cache
-   held (HubSpot's layout burns it all). **Targets: 0 burned clean; at most held when killed.**
-   Also: a clean restart without the tier.
-3. **A 60 s global outage** (30 s refused, 30 s hung, through the test suite's TCP proxy) under
-   2 processes per datacenter at 20 ids/s: blocking waits, failed and slow calls, against the
-   runway at the cut (``describe_datacenter``). **Target: 0 blocking waits within the runway.**
-   A third datacenter (``supply=20``) runs out within the outage: its first failure is shown.
+1. **Global round trips per minute**, P = 2, 4, 8, 16, 24 processes at 5 ids/s, with and without
+   the tier (``supply=10``: it refills within the window), over 60 s after 20 s. **Targets: flat
+   in P with the tier (most / fewest <= 2); no blocking wait.**
+2. **A rolling restart** of 8 processes (10 ids/s) after 20 s, each closed or SIGKILLed and
+   replaced; burned = ids the pair issued − ids taken − stock growth − ids the new caches hold,
+   against what each stopped cache held (HubSpot's layout burns it all). **Targets: 0 burned
+   clean; at most held when killed.** Also: a clean restart without the tier.
+3. **A 60 s global outage** (30 s refused, 30 s hung, through the test suite's TCP proxy) under 2
+   processes per datacenter at 20 ids/s: blocking waits, failed and slow calls, against the
+   runway at the cut. **Target: 0 blocking waits within the runway.** A third datacenter
+   (``supply=20``) runs out within the outage: its first failure is shown.
 
 ``--smoke``: one P, one process per restart, seconds-long phases.
 
@@ -114,9 +111,8 @@ def stock(dc: str, sequence: str) -> dict[str, Any]:
 
 
 def prime(pair: Sequence[str], sequence: str, tiers: dict[str, dict[str, Any]]) -> None:
-    """The sequence's ticket rows on both global servers and its state rows in the datacenters
-    ``tiers`` names (untimed, set-up timeouts), each tier with the settings its workers use: a
-    first refill at other settings would leave a stock the workers' tier would not hold."""
+    """The sequence's ticket rows on both global servers, and its first stock in the datacenters
+    ``tiers`` names, each at the settings its workers use (:func:`_harness.tier_contact`)."""
     with contextlib.closing(TicketServers(pair, timeout=h.SETUP_TIMEOUT)) as servers:
         servers.next_id(sequence)
         servers.next_id(sequence)
@@ -253,10 +249,9 @@ def outage(urls: dict[str, Any], per_dc: int, rate: float, warmup: float,
             "calls_slower_than_20ms": len(slow), "slowest_call_seconds": max(slow, default=0.0),
             "ids_taken_after_outage": sum(after[i]["used"] - during[i]["used"] for i in members),
         }
-        h.log(f"  outage, {name}: {groups[name]['blocking_waits_cache']} blocking waits, "
-              f"{groups[name]['failed_calls']} failures, runway "
-              f"{groups[name]['runway_at_cut_seconds']}, first failure after "
-              f"{groups[name]['first_failure_after_cut_seconds']}")
+        h.log(f"  outage, {name}: " + ", ".join(f"{k} {groups[name][k]}" for k in (
+            "blocking_waits_cache", "failed_calls", "runway_at_cut_seconds",
+            "first_failure_after_cut_seconds")))
     return {"outage_seconds": cut, "ids_per_second_per_process": rate, "groups": groups,
             "timeline": timeline, "cut_at": cut_at - t0, "back_at": back_at - t0,
             "load_average_at_end": h.load()}

@@ -2,13 +2,12 @@
 auto-increment vs UUIDv4, per backend.
 
 Four models differing only in their key: ``ticket``, ``TicketId("bench")`` with the embedded
-default (its table made before the clock starts); ``preset``, a ``BigInteger`` whose values are
-set when the objects are built (no ticket code at all: the floor a ``TicketId`` flush can
-reach); ``autoinc``, a native auto-increment the ORM must read back; ``uuid``, ``sa.Uuid`` with
-``default=uuid.uuid4``. Timed: ``add_all``, ``flush()``, ``commit()`` on a fresh session, objects
-built and table emptied beforehand, rows counted after; 9 rounds. One more flush per model counts
-the cursor calls and ticket round trips. Target: ticket / autoinc <= 0.9 on every backend; also
-ticket / preset (the library's own share: drawing the ids), preset / autoinc, uuid / autoinc.
+default; ``preset``, a ``BigInteger`` set when the objects are built (no ticket code: the floor
+a ``TicketId`` flush can reach); ``autoinc``, a native auto-increment; ``uuid``, ``sa.Uuid`` with
+``default=uuid.uuid4``. Timed: ``add_all``, ``flush()``, ``commit()`` on a fresh session; 9
+rounds; one more flush per model counts the cursor calls and ticket round trips. Target: ticket
+/ autoinc <= 0.9 on every backend; also ticket / preset (the library's own share), preset /
+autoinc, uuid / autoinc.
 
     .venv/bin/python benchmarks/bench_flush.py [--smoke] [--backends sqlite,postgresql,mysql]
 """
@@ -107,7 +106,6 @@ def statements(engine: sa.Engine, name: str, rows: int) -> dict[str, Any]:
 
 def run_backend(args: Any, backend: str, rows: int) -> dict[str, Any]:
     with h.throwaway_engine(backend, h.Base.metadata) as engine:
-        h.log(f"[{backend}] {engine.url!r}: {rows:,} rows per flush")
         h.first_contact(engine, ["bench"], embedded=True)
         variants = [flush(engine, name, rows) for name in MODELS]
         timings = h.interleave(variants, h.rounds(args, 9), label=f"{backend} ")

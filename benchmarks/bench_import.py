@@ -1,16 +1,13 @@
 """Start-up: ``import sqlalchemy_tickets`` against ``import sqlalchemy.orm``, in fresh interpreters.
 
-Every run is a new ``python -c`` process; the time compared is the one the child measures
-around its import statement (interpreter start-up is in neither; the whole process's is
-reported beside it). Groups, each interleaved on its own, 30 rounds (smoke 3, without those
-marked *): ``import`` — ``sqlalchemy.orm`` vs ``sqlalchemy_tickets`` (which imports the ORM:
-total / total), and both with the collector off *; **target <= 1.1**. ``app`` — the imports, a
-model with a ``String`` and an ``id`` key, ``configure_mappers()``: ``TicketId("Photos")`` key
-vs ``BigInteger`` without the library, and vs ``BigInteger`` with it *. ``alembic`` — ``import
-alembic`` with the package's ``alembic.plugins`` entry point vs without it. Children import
-this checkout's ``src/`` (checked) and use a private ``PYTHONPYCACHEPREFIX``, filled by one
-untimed child first. (Where the time goes: ``python -X importtime -c "import
-sqlalchemy_tickets"``.)
+Every run is a new ``python -c`` process importing this checkout's ``src/``; the time compared is
+the one the child measures around its statements (the whole process's is beside it). Groups,
+each interleaved on its own, 30 rounds (smoke 3, without those marked *): ``import`` —
+``sqlalchemy.orm`` vs ``sqlalchemy_tickets`` (total / total), and both with the collector off *;
+**target <= 1.1**. ``app`` — the imports, a model and ``configure_mappers()``:
+``TicketId("Photos")`` key vs ``BigInteger`` without the library, and with it *. ``alembic`` —
+``import alembic`` with the package's ``alembic.plugins`` entry point vs without it. (Where the
+time goes: ``python -X importtime -c "import sqlalchemy_tickets"``.)
 
     .venv/bin/python benchmarks/bench_import.py [--smoke] [--rounds 30] [--strict]
 """

@@ -1,12 +1,11 @@
 """``lookup(session, value)`` against ``session.get(Model, value)`` alone, side by side.
 
 ``lookup`` adds a type check, a dict lookup of the prefix and one regex match of the whole id
-to the ``session.get`` it ends in. Model: ``mapped_column(PrefixedId("post"),
-primary_key=True)`` and a ``String(50)``. ``hit``: every object already in the identity map, no
-SQL (the largest share ``lookup`` can ever be; backend-independent, so measured on the first
-backend), 20,000 calls a run, target lookup / get <= 1.5; ``load``: the identity map emptied
-before each call, one ``SELECT`` by key each, every backend, 1,000 calls a run, target <= 1.05.
-15 rounds; the client CPU-time ratio (``cpu_median``), steadier on a busy machine, is beside.
+to the ``session.get`` it ends in; the key is ``PrefixedId("post")``. ``hit``: every object in
+the identity map, no SQL (the largest share ``lookup`` can be; on the first backend), 20,000
+calls a run, target lookup / get <= 1.5; ``load``: the identity map emptied before each call, a
+``SELECT`` each, every backend, 1,000 calls a run, target <= 1.05. 15 rounds; the client
+CPU-time ratio (``cpu_median``), steadier on a busy machine, is beside.
 
     .venv/bin/python benchmarks/bench_lookup.py [--smoke] [--backends sqlite,postgresql,mysql]
 """
@@ -75,7 +74,6 @@ def summary(timings: h.Timings, case: str) -> dict[str, Any]:
 def run_backend(args: Any, backend: str, with_hits: bool) -> dict[str, Any]:
     hit_n, load_n = (50, 50) if args.smoke else (SIZES["hit"], SIZES["load"])
     with h.throwaway_engine(backend, h.Base.metadata) as engine:
-        h.log(f"[{backend}] {engine.url!r}")
         new_id = PrefixedId("post").new_id
         ids = [new_id() for _ in range(max(hit_n, load_n))]
         with engine.begin() as conn:

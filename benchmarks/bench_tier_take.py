@@ -2,17 +2,16 @@
 latency, when P processes take small blocks at once; a baseline commit against this tree.
 
 A take is ``DatacenterTier.next_block(seq, --count)``. ``baseline`` is ``src/`` at
-``--baseline-ref`` (default ``18dfaeb``: a take was one transaction queued on the sequence's
-state row), ``new`` this tree's; each worker is a fresh interpreter with its variant's tree first
-on ``sys.path`` (the file it imports is checked). Each variant has its own databases; after an
-untimed warm-up, for each P (``--procs`` 2, 8, 24), ``--rounds`` (3) rounds alternate them. In a
-run, worker 0 stocks ~3,000,000 ids of the run's sequence; every worker builds
-``DatacenterTier(dc, upstream, supply=1, timeout=30)`` (no refill in the window), takes once
-untimed, then all take in a tight loop for ``--seconds`` (10) from one instant, collector off.
-Per run: takes/s, latencies, ``stats()`` deltas (0 waits and upstream round trips expected),
-duplicates (0, else exit 1); per P: medians over rounds, new / baseline as medians of per-round
-ratios. Check (``--strict``): time per take new / baseline <= 1 at every P. ``--smoke``: P = 2,
-1 s, one round (this tree stands in for a baseline the clone lacks).
+``--baseline-ref`` (default ``18dfaeb``), ``new`` this tree's; each worker is a fresh interpreter
+with its variant's tree first on ``sys.path``. Each variant has its own databases; for each P
+(``--procs`` 2, 8, 24), ``--rounds`` (3) rounds alternate them after an untimed warm-up. In a
+run, worker 0 stocks ~3,000,000 ids; every worker builds ``DatacenterTier(dc, upstream,
+supply=1, timeout=30)`` (no refill in the window), takes once untimed, then all take in a tight
+loop for ``--seconds`` (10) from one instant. Per run: takes/s, latencies, ``stats()`` deltas
+(0 waits and upstream round trips expected), duplicates (0, else exit 1); per P: medians over
+rounds, new / baseline as medians of per-round ratios. Check (``--strict``): time per take new /
+baseline <= 1 at every P. ``--smoke``: P = 2, 1 s, one round (this tree stands in for a
+baseline the clone lacks).
 
     .venv/bin/python benchmarks/bench_tier_take.py [--smoke] [--procs 2,8,24] [--seconds 10]
         [--count 1] [--rounds 3] [--baseline-ref 18dfaeb] [--backends postgresql,mysql]

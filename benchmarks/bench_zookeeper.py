@@ -5,15 +5,13 @@ layers over the Flickr pair; the delay a caller sees when the ensemble's leader 
 
 The ensemble is started here (``tests/support/zookeeper.py``: Debian's ZooKeeper 3.8, 3 JVMs of
 128 MB on loopback, ``tickTime`` 200 ms, fsync on). Part 1: for each P (``--procs``, default
-1,8,24) and each source (the TicketServers: ``--backends``, their tables made first), P worker
-processes (spawn; sources at ``timeout`` 30 s, one untimed call each) call ``next_block(seq,
-100)`` back to back for ``--seconds`` (default 5) from one shared start instant, each call timed;
+1,8,24) and each source, P spawned workers (``timeout`` 30 s, one untimed call each) call
+``next_block(seq, 100)`` back to back for ``--seconds`` (default 5) from one start instant;
 blocks/s is all calls ÷ the window, p50/p99 of the pooled latencies. Part 2: one process,
-``next_id`` for ``--seconds`` through ``CachedSource(DatacenterTier(dc, upstream))``, the
-datacenter database on PostgreSQL (its first stock made first), upstream the ensemble or
-``TicketServers([pg, mariadb])``. Part 3: one process calls ``next_block`` back to back on an
-uncached ZooKeeperSource (``timeout`` 2 s); the leader is SIGKILLed after 2 s; p99 and max
-latency over the 5 s after the kill, and errors (0 expected; ``--strict``: exit 1 otherwise).
+``next_id`` for ``--seconds`` through ``CachedSource(DatacenterTier(dc, upstream))``, ``dc`` on
+PostgreSQL, upstream the ensemble or ``TicketServers([pg, mariadb])``. Part 3: an uncached
+ZooKeeperSource (``timeout`` 2 s) called back to back, the leader SIGKILLed after 2 s: p99 and
+max latency over the 5 s after, and errors (0 expected; ``--strict``: exit 1 otherwise).
 ``--smoke``: P = 1,2, 1 s.
 
     .venv/bin/python benchmarks/bench_zookeeper.py [--smoke] [--procs 1,8,24] [--seconds 5]
@@ -34,8 +32,7 @@ import sqlalchemy_tickets as st
 sys.path.insert(0, str(h.REPO_DIR / "tests"))
 from support.zookeeper import start_ensemble  # noqa: E402
 
-NAME, BLOCK, ZK = "bench_zookeeper", 100, "ZooKeeper (3 servers)"
-SERVERS = {"postgresql": "TicketServer PostgreSQL", "mysql": "TicketServer MariaDB"}
+NAME, BLOCK = "bench_zookeeper", 100
 
 
 def worker(spec: dict[str, Any], conn: Any) -> None:
@@ -126,19 +123,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = h.parse_args(__doc__, argv, {
         "--procs": dict(default="1,8,24", help="process counts, comma-separated"),
         "--seconds": dict(type=float, default=5.0, help="timed window per run")},
-        backends=tuple(SERVERS), peers=("kazoo",))
+        backends=("postgresql", "mysql"), peers=("kazoo",))
     procs = [1, 2] if args.smoke else [int(p) for p in args.procs.split(",") if p]
     seconds = 1.0 if args.smoke else args.seconds
-    servers = [b for b in args.backends if b in SERVERS]
     with contextlib.ExitStack() as stack:  # the databases dropped, then the ensemble stopped
         ensemble = start_ensemble()
         stack.callback(ensemble.close)
         pg, my, pg2, dc = h.databases(stack, "postgresql", "mysql", "postgresql", "postgresql")
-        urls = {"postgresql": pg, "mysql": my}
-        for backend in servers:
-            h.first_contact(urls[backend], [f"blocks_p{p}" for p in procs])
+        for url in (pg, my):
+            h.first_contact(url, [f"blocks_p{p}" for p in procs])
         h.log("part 1: next_block from P processes")
-        specs = {ZK: {"hosts": ensemble.hosts}, **{SERVERS[b]: {"url": urls[b]} for b in servers}}
+        specs = {"ZooKeeper (3 servers)": {"hosts": ensemble.hosts},
+                 "TicketServer PostgreSQL": {"url": pg}, "TicketServer MariaDB": {"url": my}}
         results = {"blocks": blocks(specs, procs, seconds)}
         h.log("part 2: ids/s through CachedSource(DatacenterTier(upstream))")
         with contextlib.closing(st.ZooKeeperSource(ensemble.hosts, path="/bench-layers")) as zk, \

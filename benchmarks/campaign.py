@@ -2,33 +2,27 @@
 sharded application databases while a seeded nemesis kills, stops, cuts, hangs, restores and fails
 over what they depend on; a checker then reads every table.
 
-Layout: a global pair ``TicketServers([a, b])`` — ``a`` a private PostgreSQL primary with an
-asynchronous replica, ``b`` a private MariaDB (``tests/support``) — and datacenters ``dc0`` (on the
-shared PostgreSQL) and ``dc1`` (MariaDB), each holding a ``DatacenterTier``'s tables and the
-application's ``campaign_orders`` and ``campaign_lines`` (``TicketId("campaign")``; ids must be
-unique across both), each reaching each global server through a proxy of its own. ``--workers``
-processes per datacenter each ``configure(CachedSource(DatacenterTier(dc, upstream=pair)))`` (the
-tier at ``supply=10``: it meets a rewound server soon) and commit an order and two lines every
-0.25 s, logging each commit's ids, each failure's class, and each second what the cache holds.
+Layout: a global pair ``TicketServers([a, b])`` (``a`` a private PostgreSQL primary with an
+asynchronous replica, ``b`` a private MariaDB); datacenters ``dc0`` (PostgreSQL) and ``dc1``
+(MariaDB), each with a tier's tables and ``campaign_orders`` / ``campaign_lines``
+(``TicketId("campaign")``), reach each global server through proxies of their own. ``--workers``
+processes per datacenter ``configure(CachedSource(DatacenterTier(dc, upstream=pair)))`` and
+commit an order and two lines every 0.25 s, logging each commit's ids and each failure.
 
 ``--schedule random`` (default, 2 workers per datacenter, 600 s; smoke 1 and 32 s, every kind
-once): the whole schedule is drawn from ``--seed`` first — a seed names a campaign — and run one
-fault at a time, 2.5-8 s apart: ``kill_worker``, ``stop_worker`` (SIGSTOP 1-5 s),
-``kill_server`` (``a`` or ``b``, back 1-5 s later), ``stop_server`` (1-4 s), ``cut_link`` /
-``hang_link`` (a datacenter's link to a server, or both datacenters', for 2-8 s),
-``restore_global`` / ``restore_tier`` (a ticket database, or a tier's tables, restored in place
-from a dump taken earlier: all are dumped every 20 s), and once ``promote`` (``a``'s replica
-promoted after the primary, cut off, issued blocks it never saw). ``--schedule soak`` (4 workers,
-300 s; written to ``campaign_soak.json``): faults at fixed times, overlapping — a worker SIGKILLed
-every twelfth of the run, each datacenter's links cut for 15 % of it (from 20 % and 50 %:
-refused, then hung), ``b`` SIGKILLed at 75 % and back 5 s later.
+once): the schedule is drawn from ``--seed`` first (a seed names a campaign), one fault at a
+time, 2.5-8 s apart: ``kill_worker``, ``stop_worker``, ``kill_server``, ``stop_server``,
+``cut_link``, ``hang_link``, ``restore_global`` / ``restore_tier`` (from dumps taken every 20 s)
+and once ``promote`` (``a``'s replica, after the cut-off primary issued blocks it never saw).
+``--schedule soak`` (4 workers, 300 s; ``campaign_soak.json``): fixed, overlapping faults — a
+worker SIGKILLed every twelfth of the run, each datacenter's links cut for 15 % of it (refused,
+then hung), ``b`` SIGKILLed at 75 % and back 5 s later.
 
-Checks, all 0 (exit 1 otherwise): **duplicates** (an id in two tables or datacenters, or refused
-as a duplicate key), **latent duplicates** (ids in a tier's stock that a table holds, or in both
-stocks), **acknowledged rows lost**, **caller errors not ``TicketsError``**, **stalled workers**
-(30 s without a commit or a failure, or not stopped 60 s after being told), and
-with the soak, **failed inserts while the stock held ids**. Also: rewinds healed and refused,
-failed inserts, ids burned, and every fault with what it did.
+Checks, all 0 (exit 1 otherwise): **duplicates**, **latent duplicates** (ids in a tier's stock
+that a table holds, or in both stocks), **acknowledged rows lost**, **caller errors not
+``TicketsError``**, **stalled workers** (30 s without a commit or a failure, or not stopped 60 s
+after being told), and with the soak **failed inserts while the stock held ids**. Also: rewinds
+healed and refused, failed inserts, ids burned, and every fault with what it did.
 
     .venv/bin/python benchmarks/campaign.py [--smoke] [--duration 600] [--seed 1] [--workers 2]
         [--schedule random|soak] [--logs DIR]   # --logs: keep the workers' logs there
@@ -111,8 +105,6 @@ class Line(h.Base):
 
 
 # -- workers -----------------------------------------------------------------------------------
-
-
 def worker(spec: tuple[int, str, list[str], str, Any], conn: Any) -> None:
     """A :class:`_harness.Fleet` worker: ``spec`` is ``(slot, dc, pair, log_path, stop)``.
     Commit an order with its lines every ``TICK`` until ``stop`` is set, logging JSON lines:
@@ -164,9 +156,8 @@ def worker(spec: tuple[int, str, list[str], str, Any], conn: Any) -> None:
         configure(None)
         burned = cache.close()
         tier.close()
-        write("E", burned=burned, **figures(), stats={"cache": cache.stats(),
-                                                      "tier": tier.stats(),
-                                                      "pair": pair_source.stats()})
+        write("E", burned=burned, **figures(), stats={
+            k: v.stats() for k, v in (("cache", cache), ("tier", tier), ("pair", pair_source))})
         pair_source.close()
         engine.dispose()
         os.close(fd)
@@ -226,8 +217,6 @@ def read_db(dc: str, sql: Any) -> list[Any]:
 
 
 # -- the schedule ------------------------------------------------------------------------------
-
-
 @dataclass
 class Fault:
     at: float  # planned start, seconds into the run
@@ -291,8 +280,6 @@ def schedule(rng: random.Random, duration: float, smoke: bool, slots: int,
 
 
 # -- the campaign: layout, workers, nemesis -----------------------------------------------------
-
-
 class Campaign:
     """The layout — private servers (stopped with ``stack``), datacenter databases, a proxy per
     datacenter and global server — the workers, by slot (``slot % 2`` is the datacenter), and the
@@ -358,7 +345,6 @@ class Campaign:
         return self.b if name == "b" else self.pg.replica if self.promoted else self.pg.primary
 
     # -- workers -------------------------------------------------------------------------------
-
     def start(self, slot: int) -> None:
         dc = slot % 2
         with self.lock:
@@ -383,7 +369,6 @@ class Campaign:
         return unclean
 
     # -- the nemesis ---------------------------------------------------------------------------
-
     def nemesis(self, faults: list[Fault], until: float, overlap: bool) -> None:
         try:
             running = []
@@ -440,7 +425,6 @@ class Campaign:
             send(pid, signal.SIGCONT)
 
     # -- the faults, one method each -----------------------------------------------------------
-
     def kill_worker(self, slot: int) -> dict[str, Any]:
         with self.lock:
             process, path = self.live[slot]
@@ -541,7 +525,6 @@ class Campaign:
                 "crashed_at": crashed_at, "failover_seconds": self.now() - crashed_at}
 
     # -- the run -------------------------------------------------------------------------------
-
     def run(self) -> dict[str, Any]:
         args, slots = self.args, 2 * self.args.workers
         faults = schedule(random.Random(args.seed), args.duration, args.smoke, slots,
