@@ -7,12 +7,11 @@ processes, JSON and plots. A script is ``main(argv)``, a short declaration of wh
         timings = h.interleave(variants, h.rounds(args, 21))
     return h.report(args, NAME, {"x": h.ratio_summary(timings, "a", "b", 1.2)}, title="...")
 
-Speed is only ever a ratio of variants timed side by side in one process: each round runs every
-variant once, in an order rotating from round to round, after an untimed warm-up round, each run
-after a full collection and with the collector off; the figure reported is the **median of the
-per-round ratios**. Every JSON has one shape: ``benchmark``, ``description`` (the docstring),
-``environment`` (versions, commit, digest of ``src/``, servers' settings, load at start and
-end), ``parameters`` (with ``smoke``, ``backends``, ``seed``), ``results``, ``checks`` (each
+Speed is only ever a ratio of variants timed side by side in one process, in rounds of rotating
+order, collector off: the figure reported is the **median of the per-round ratios**
+(``benchmarks/README.md``). Every JSON has one shape: ``benchmark``, ``description`` (the
+docstring), ``environment`` (versions, commit, digest of ``src/``, servers' settings, load),
+``parameters`` (with ``smoke``, ``backends``, ``seed``), ``results``, ``checks`` (each
 ``{"median", "target", "passed", ...}``) and ``passed``. Only the library's public API is used
 (``tests/unit/test_benchmarks_public.py`` checks every file here).
 """
@@ -74,10 +73,9 @@ def log(message: str) -> None:
 def parse_args(doc: str | None, argv: Sequence[str] | None = None,
                options: Mapping[str, Mapping[str, Any]] | None = None, *,
                backends: Sequence[str] = BACKENDS, peers: Sequence[str] = ()) -> argparse.Namespace:
-    """The options every script takes, and its own (``options``: flag -> ``add_argument``'s
-    keywords); ``doc`` is the script's docstring: its first paragraph is the help text, the
-    whole of it goes into the JSON. ``args.env`` is the :func:`environment` at the start
-    (``peers``: the packages compared)."""
+    """The options every script takes, and its own (``options``: flag -> ``add_argument``
+    keywords). ``doc``, the script's docstring: its first paragraph is the help text, all of it
+    goes into the JSON; ``args.env``: the :func:`environment` (``peers``: packages compared)."""
     parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     add = parser.add_argument
     for flag, keywords in (options or {}).items():
@@ -106,12 +104,10 @@ def rounds(args: argparse.Namespace, full: int) -> int:
 # -- databases ---------------------------------------------------------------------------------
 @contextlib.contextmanager
 def throwaway_database(backend: str) -> Iterator[URL]:
-    """A new empty database ``tickets_bench_<hex>``, dropped afterwards whatever happens.
-
-    SQLite: a file in a new temporary directory (the embedded default puts its ticket file
-    beside it). Servers: ``CREATE DATABASE`` on the server ``$TICKETS_BENCH_<BACKEND>_URL``
-    names, ``DROP DATABASE`` after (PostgreSQL ``WITH (FORCE)``: a connection a failed run left
-    must not keep it)."""
+    """A new empty database ``tickets_bench_<hex>``, dropped afterwards whatever happens: SQLite,
+    a file in a new temporary directory; servers, ``CREATE DATABASE`` on the server
+    ``$TICKETS_BENCH_<BACKEND>_URL`` names, then ``DROP DATABASE`` (PostgreSQL ``WITH (FORCE)``:
+    a connection a failed run left must not keep it)."""
     name = f"tickets_bench_{uuid.uuid4().hex[:12]}"
     log(f"[{backend}] a throwaway database, {name}")
     if backend == "sqlite":
@@ -155,9 +151,8 @@ def first_contact(bind: Any, sequences: Sequence[str], *, embedded: bool = False
 
 def tier_contact(dc: str, upstream: Any, sequences: Sequence[str], **settings: Any) -> None:
     """A datacenter database's tier tables, and the sequences' state rows and first stock made
-    through ``upstream`` by a ``DatacenterTier`` at ``settings`` (those of the tiers timed
-    afterwards: a first refill at other settings would leave a stock theirs would not hold),
-    with :data:`SETUP_TIMEOUT`, before any clock starts; refills awaited."""
+    through ``upstream`` by a tier at ``settings`` (those of the tiers timed afterwards), with
+    :data:`SETUP_TIMEOUT` and refills awaited: before any clock starts."""
     from sqlalchemy_tickets import DatacenterTier
     from sqlalchemy_tickets.sources.datacenter import create_datacenter_tables
 
@@ -409,11 +404,10 @@ def window(call: Callable[[], Any], start: float, seconds: float,
 class Fleet(contextlib.AbstractContextManager):  # type: ignore[type-arg]
     """Worker processes (``multiprocessing``; ``method`` spawn: fresh interpreters, fork: copies
     of this one), each running the module-level ``target(spec, conn)`` with a pipe of its own
-    (an exception it raises reaches the parent). :meth:`tell` sends to the workers chosen
-    (default: all), :meth:`hear` receives one message from each (an error, or a worker gone
-    silent, raises); workers can be added while others run (:meth:`start`; ``specs``: the first
-    ones). As a context manager it gives them ``grace`` seconds to end by themselves at its exit,
-    then kills what still runs."""
+    (an exception it raises reaches the parent), started from ``specs`` and by :meth:`start`
+    while others run. :meth:`tell` sends to the workers chosen (default: all), :meth:`hear`
+    receives one message from each (an error, or a worker gone silent, raises). At its exit it
+    gives them ``grace`` seconds to end by themselves, then kills what still runs."""
 
     def __init__(self, target: Callable[[Any, Any], None], specs: Sequence[Any] = (), *,
                  method: str = "spawn", grace: float = 0.0) -> None:
@@ -485,9 +479,8 @@ def work(target: Callable[[Any, Any], None], spec: Any, conn: Any) -> None:
 
 @contextlib.contextmanager
 def source_tree(ref: str, *, missing_ok: bool = False) -> Iterator[tuple[Path, str]]:
-    """``src/`` as it was at git ``ref``, exported into a temporary directory removed afterwards;
-    yields it and the commit. A ref this clone lacks (a shallow clone, an export) is an error,
-    unless ``missing_ok``: then this tree's ``src/`` stands in."""
+    """``src/`` at git ``ref``, exported into a temporary directory, and the commit. A ref this
+    clone lacks (shallow, an export) is an error, unless ``missing_ok``: this tree stands in."""
     commit = git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
     if not commit:
         if not missing_ok:
@@ -508,9 +501,9 @@ def report(args: argparse.Namespace, name: str, results: Mapping[str, Any], *,
            checks: Mapping[str, Mapping[str, Any]] | None = None, figure: Any = None,
            title: str | None = None, **drawing: Any) -> int:
     """Write ``<out>/<name>.json`` and ``.png`` (``figure``, else with a ``title`` the
-    :func:`ratio_figure` of ``results``), print the verdicts, and return the exit status: 1 only
-    with ``--strict`` and a check that failed. The checks: every ratio summary with a target in
-    ``results``, and ``checks``."""
+    :func:`ratio_figure` of ``results``), print the verdicts of the checks (every ratio summary
+    with a target in ``results``, and ``checks``); the exit status: 1 only if one failed and
+    ``--strict``."""
     checks = {**{k: v for k, v in found(results, "ratios").items() if "target" in v},
               **(checks or {})}
     if figure is None and title is not None:
@@ -577,9 +570,8 @@ def found(results: Mapping[str, Any], key: str, path: tuple[str, ...] = ()) -> d
 def ratio_figure(title: str, env: Mapping[str, Any], results: Mapping[str, Any], *,
                  values: tuple[str, str, str] | None = None, log_scale: bool = False,
                  height: float = 5.0) -> Any:
-    """The usual picture: every ratio summary in ``results`` as a bar (the median; the rounds as
-    dots; the target as a red tick, red bar when missed), and beside it, with ``values = (key,
-    title, unit)``, the values under ``key``."""
+    """The usual picture: every ratio summary in ``results`` as a bar (:func:`ratio_panel`), and
+    beside it, with ``values = (key, title, unit)``, the values under ``key``."""
     fig, axes = figure(2 if values else 1, title, env, height=height)
     ratio_panel(axes[0], found(results, "ratios"), "time ratio per round", log_scale=log_scale)
     if values:

@@ -120,9 +120,8 @@ def prime(pair: Sequence[str], sequence: str, tiers: dict[str, dict[str, Any]]) 
             h.tier_contact(dc, servers, [sequence], **settings)
 
 
-def spec(pair: list[str], dc: str | None, sequence: str, rate: float,
-         tier: dict[str, Any]) -> dict[str, Any]:
-    return {"pair": pair, "dc": dc, "sequence": sequence, "rate": rate, "tier": tier}
+def spec(pair: list[str], dc: str | None, seq: str, rate: float, tier: Any) -> dict[str, Any]:
+    return {"pair": pair, "dc": dc, "sequence": seq, "rate": rate, "tier": tier}
 
 
 def scaling(urls: dict[str, Any], counts: Sequence[int], rate: float, warmup: float,

@@ -92,13 +92,11 @@ def statements(engine: sa.Engine, name: str, rows: int) -> dict[str, Any]:
     cache = embedded_source(engine)
     before = cache.source.stats()["round_trips"]  # type: ignore[attr-defined]
     variant = flush(engine, name, rows)
-    event.listen(engine, "before_cursor_execute", count)
-    try:
-        state = variant.setup()
-        variant.run(state)
-        variant.teardown(state)
-    finally:
-        event.remove(engine, "before_cursor_execute", count)
+    event.listen(engine, "before_cursor_execute", count)  # a failure ends the script anyway
+    state = variant.setup()
+    variant.run(state)
+    variant.teardown(state)
+    event.remove(engine, "before_cursor_execute", count)
     cache.wait_idle(5.0)  # a refill the flush started counts too
     trips = cache.source.stats()["round_trips"] - before  # type: ignore[attr-defined]
     return {"cursor_calls": dict(calls), "ticket_round_trips": trips}

@@ -50,8 +50,12 @@ PANELS = {  # figure -> (title, unit, goal at the largest S)
 }
 
 
-def memory() -> dict[str, int]:
-    """``VmRSS`` and ``VmSize`` of this process, in KB."""
+def memory(*sources: Any) -> dict[str, int]:
+    """``VmRSS`` and ``VmSize`` of this process, in KB, once ``sources`` are idle (refills done)
+    and the garbage is collected."""
+    for source in filter(None, sources):
+        source.wait_idle(30.0)
+    gc.collect()
     with open("/proc/self/status") as status:
         fields = dict(line.split(":", 1) for line in status if ":" in line)
     return {key: int(fields[key].split()[0]) for key in ("VmRSS", "VmSize")}
@@ -74,21 +78,14 @@ def measure(spec: dict[str, Any], conn: Any) -> None:
                            "create_tables_seconds": h.timed(server.create_tables, names)[0]}
     tier = spec["dc_url"] and DatacenterTier(spec["dc_url"], upstream=server, **OPTIONS)
     cache = CachedSource(tier or server, **OPTIONS)
-    idle = [s for s in (cache, tier) if s]
     try:
         h.loop(cache.next_id, spec["prime"], spec["prefix"] + WARM)()
-        for source in idle:
-            source.wait_idle(30.0)
-        gc.collect()
-        mem0, waits = memory(), cache.stats()["blocking_waits"]
+        mem0, waits = memory(cache, tier), cache.stats()["blocking_waits"]
         h.log(f"  {label}first contact")
         prepared = h.timed(cache.prepare, names)[0]
         contact = prepared + h.timed(lambda: [cache.next_id(name) for name in names])[0]
         first_waits = cache.stats()["blocking_waits"] - waits
-        for source in idle:
-            source.wait_idle(30.0)
-        gc.collect()
-        mem1, s = memory(), len(names)
+        mem1, s = memory(cache, tier), len(names)
         out.update(sequences=s, prepare_seconds=prepared, first_contact_seconds=contact,
                    first_contact_blocking_waits=first_waits,
                    threads_by_name=library_threads(before),
@@ -150,9 +147,8 @@ def measure(spec: dict[str, Any], conn: Any) -> None:
 
 
 def run_case(spec: dict[str, Any]) -> dict[str, Any]:
-    """:func:`measure` in a process of its own (forked: the parent holds no thread and none of
-    the library's objects), given 30 minutes; a case that failed is recorded and the run goes
-    on."""
+    """:func:`measure` in a forked process of its own (the parent holds no thread, none of the
+    library's objects), given 30 minutes; a case that failed is recorded, and the run goes on."""
     with h.Fleet(measure, [spec], method="fork", grace=30) as fleet:
         try:
             result: dict[str, Any] = fleet.hear(timeout=1800)[0]

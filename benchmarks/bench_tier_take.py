@@ -38,8 +38,7 @@ STATS = ("blocking_waits", "upstream_round_trips", "refills", "round_trips", "fa
 
 def worker(spec: dict[str, Any], conn: Any) -> None:
     """With its variant's tree first on ``sys.path``: fill (worker 0), build a tier, take once,
-    say ready, wait for the start, take in a tight loop until the window closes, answer with
-    latencies, ids and stats deltas."""
+    then take through the window from the start it is sent; its latencies, ids, stats deltas."""
     sys.path.insert(0, spec["src"])  # before the library's first import in this interpreter
     import sqlalchemy_tickets
     from sqlalchemy_tickets import DatacenterTier, TicketsError, TicketServer

@@ -36,8 +36,7 @@ NAME, BLOCK = "bench_zookeeper", 100
 
 
 def worker(spec: dict[str, Any], conn: Any) -> None:
-    """Part 1, one process: an untimed first call (connect, create), then ``next_block`` back to
-    back through the window from the instant the parent sends; its latencies in ms."""
+    """Part 1, one process: a first call untimed, then the window's; its latencies in ms."""
     source = (st.ZooKeeperSource(spec["hosts"], path="/bench", timeout=30.0) if "hosts" in spec
               else st.TicketServer(spec["url"], timeout=30.0))
     with contextlib.closing(source):
@@ -67,8 +66,7 @@ def blocks(specs: dict[str, dict[str, Any]], procs: list[int], seconds: float) -
 
 
 def layered(dc: str, upstream: Any, seconds: float, sequence: str) -> dict[str, Any]:
-    """Part 2: ids/s of ``next_id`` in one process through a cache over a tier over
-    ``upstream`` (every id checked distinct)."""
+    """Part 2: ids/s of ``next_id`` through a cache over a tier over ``upstream``, ids distinct."""
     h.tier_contact(dc, upstream, [sequence], supply=5.0)
     with st.DatacenterTier(dc, upstream, supply=5.0, timeout=10.0) as tier, \
             st.CachedSource(tier) as cache:

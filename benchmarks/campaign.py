@@ -106,11 +106,10 @@ class Line(h.Base):
 
 # -- workers -----------------------------------------------------------------------------------
 def worker(spec: tuple[int, str, list[str], str, Any], conn: Any) -> None:
-    """A :class:`_harness.Fleet` worker: ``spec`` is ``(slot, dc, pair, log_path, stop)``.
-    Commit an order with its lines every ``TICK`` until ``stop`` is set, logging JSON lines:
-    ``C`` per commit (its ids), ``F`` per failed commit, ``H`` once a second (ids held, rewinds,
-    ids the tier burned), ``E`` at a clean exit (with every ``stats()``). WARNINGs go to the
-    same path with ``.err``."""
+    """A :class:`_harness.Fleet` worker, ``spec`` = ``(slot, dc, pair, log_path, stop)``: an order
+    with its lines committed every ``TICK`` until ``stop`` is set, JSON lines logged: ``C`` per
+    commit (its ids), ``F`` per failed commit, ``H`` once a second (ids held, rewinds, ids the
+    tier burned), ``E`` at a clean exit (every ``stats()``); WARNINGs to ``<log_path>.err``."""
     from sqlalchemy_tickets import CachedSource, DatacenterTier, TicketsError, configure
 
     slot, dc, pair, log_path, stop = spec
@@ -174,8 +173,7 @@ def read_log(path: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def read_warnings(path: Path) -> tuple[Counter[str], int]:
-    """A worker's WARNING lines counted by what they say, and the ids of the tier stocks it
-    discarded."""
+    """A worker's WARNING lines counted by what they say; the ids of tier stocks it discarded."""
     lines = path.read_text(errors="replace").splitlines() if path.exists() else []
     found = Counter(k for line in lines for k, pattern in PATTERNS.items() if pattern.search(line))
     return found, sum(int(m.group(1)) for m in map(DISCARDED.search, lines) if m)
@@ -281,12 +279,11 @@ def schedule(rng: random.Random, duration: float, smoke: bool, slots: int,
 
 # -- the campaign: layout, workers, nemesis -----------------------------------------------------
 class Campaign:
-    """The layout — private servers (stopped with ``stack``), datacenter databases, a proxy per
-    datacenter and global server — the workers, by slot (``slot % 2`` is the datacenter), and the
-    nemesis: a thread running the schedule, one fault at a time (each in a thread of its own when
-    ``overlap``: the soak's overlap), dumping every server and tier every ``dump_every`` s in
-    between. Each fault is recorded with its start, end, target, what it did and any error; a
-    fault that fails does not stop the campaign."""
+    """The layout (private servers stopped with ``stack``, datacenter databases, a proxy per
+    datacenter and global server), the workers by slot (``slot % 2`` is the datacenter) and the
+    nemesis: a thread running the schedule one fault at a time (each in a thread of its own when
+    ``overlap``, the soak's), dumping every server and tier in between. Each fault is recorded
+    with its start, end, what it did and any error; one that fails does not stop the campaign."""
 
     def __init__(self, stack: contextlib.ExitStack, args: argparse.Namespace, logs: Path) -> None:
         self.workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(
@@ -323,8 +320,7 @@ class Campaign:
         (self.workdir / "dumps").mkdir()
 
     def prepare(self) -> list[tuple[int, int]]:
-        """Tables and the sequence's first contact everywhere (set-up timeouts); each global
-        server's last id."""
+        """Tables and first contact everywhere (set-up timeouts); each global server's last id."""
         with contextlib.closing(TicketServers([self.a_url, self.b_url],
                                               timeout=h.SETUP_TIMEOUT)) as pair:
             pair.next_id(SEQ)
@@ -355,8 +351,7 @@ class Campaign:
             self.live[slot] = (self.fleet.workers[index[0]][0], path)
 
     def stop_all(self, timeout: float) -> list[str]:
-        """Stop every worker cleanly; those alive after ``timeout`` are named (a finding) and
-        killed."""
+        """Stop every worker cleanly; those alive after ``timeout``, named (a finding), killed."""
         self.stop_workers.set()
         unclean, deadline = [], time.monotonic() + timeout
         for process, path in list(self.live.values()):
@@ -675,8 +670,8 @@ def analyse(c: Campaign, base: list[tuple[int, int]], stock0: list[int],
 
 
 def draw(env: dict[str, Any], res: dict[str, Any], duration: float, title: str) -> Any:
-    """Rows per second in each datacenter over the run, above a timeline of the faults (a row
-    per kind), the failed inserts and the commits of duplicated ids."""
+    """Rows per second in each datacenter, above a timeline of the faults (a row per kind), the
+    failed inserts and the commits of duplicated ids."""
     fig, (a1, a2) = h.pyplot().subplots(2, 1, figsize=(12, 7.5), sharex=True)
     fig.suptitle(f"{title}: {res['rows_written']:,} rows, {res['duplicates']} duplicates, "
                  f"{res['rows_lost']} lost, {res['failed_inserts']} failed inserts, "
