@@ -7,12 +7,11 @@ processes, JSON and plots. A script is ``main(argv)``, a short declaration of wh
         timings = h.interleave(variants, h.rounds(args, 21))
     return h.report(args, NAME, {"x": h.ratio_summary(timings, "a", "b", 1.2)}, title="...")
 
-Speed is only ever a ratio of variants timed side by side in one process: each round runs every
-variant once, in an order rotating from round to round, after an untimed warm-up round, each run
-after a full collection and with the collector off; the figure reported is the **median of the
-per-round ratios**. Every JSON has one shape: ``benchmark``, ``description`` (the docstring),
-``environment`` (versions, commit, digest of ``src/``, servers' settings, load at start and
-end), ``parameters`` (with ``smoke``, ``backends``, ``seed``), ``results``, ``checks`` (each
+Speed is only ever a ratio of variants timed side by side in one process, in rounds of rotating
+order, collector off: the figure reported is the **median of the per-round ratios**
+(``benchmarks/README.md``). Every JSON has one shape: ``benchmark``, ``description`` (the
+docstring), ``environment`` (versions, commit, digest of ``src/``, servers' settings, load),
+``parameters`` (with ``smoke``, ``backends``, ``seed``), ``results``, ``checks`` (each
 ``{"median", "target", "passed", ...}``) and ``passed``. Only the library's public API is used
 (``tests/unit/test_benchmarks_public.py`` checks every file here).
 """
@@ -26,7 +25,6 @@ import hashlib
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -43,6 +41,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.orm import DeclarativeBase
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
@@ -71,18 +70,16 @@ def log(message: str) -> None:
 
 
 # -- command line ------------------------------------------------------------------------------
-
-
 def parse_args(doc: str | None, argv: Sequence[str] | None = None,
-               extra: Callable[[argparse.ArgumentParser], None] | None = None, *,
+               options: Mapping[str, Mapping[str, Any]] | None = None, *,
                backends: Sequence[str] = BACKENDS, peers: Sequence[str] = ()) -> argparse.Namespace:
-    """The options every script takes (``extra`` adds its own); ``doc`` is the script's
-    docstring: its first paragraph is the help text, the whole of it goes into the JSON.
-    ``args.env`` is the :func:`environment` at the start (``peers``: the packages compared)."""
+    """The options every script takes, and its own (``options``: flag -> ``add_argument``
+    keywords). ``doc``, the script's docstring: its first paragraph is the help text, all of it
+    goes into the JSON; ``args.env``: the :func:`environment` (``peers``: packages compared)."""
     parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
-    if extra is not None:
-        extra(parser)
     add = parser.add_argument
+    for flag, keywords in (options or {}).items():
+        add(flag, **keywords)
     add("--smoke", "--quick", action="store_true", help="tiny sizes, 1 round: checks it runs")
     add("--backends", default=",".join(backends), help="comma-separated: " + ",".join(BACKENDS))
     add("--rounds", type=int, default=None, help="timed rounds (default per script)")
@@ -105,23 +102,17 @@ def rounds(args: argparse.Namespace, full: int) -> int:
 
 
 # -- databases ---------------------------------------------------------------------------------
-
-
 @contextlib.contextmanager
 def throwaway_database(backend: str) -> Iterator[URL]:
-    """A new empty database ``tickets_bench_<hex>``, dropped afterwards whatever happens.
-
-    SQLite: a file in a new temporary directory (the embedded default puts its ticket file
-    beside it). Servers: ``CREATE DATABASE`` on the server ``$TICKETS_BENCH_<BACKEND>_URL``
-    names, ``DROP DATABASE`` after (PostgreSQL ``WITH (FORCE)``: a connection a failed run left
-    must not keep it)."""
+    """A new empty database ``tickets_bench_<hex>``, dropped afterwards whatever happens: SQLite,
+    a file in a new temporary directory; servers, ``CREATE DATABASE`` on the server
+    ``$TICKETS_BENCH_<BACKEND>_URL`` names, then ``DROP DATABASE`` (PostgreSQL ``WITH (FORCE)``:
+    a connection a failed run left must not keep it)."""
     name = f"tickets_bench_{uuid.uuid4().hex[:12]}"
+    log(f"[{backend}] a throwaway database, {name}")
     if backend == "sqlite":
-        directory = tempfile.mkdtemp(prefix="tickets_bench_")
-        try:
-            yield URL.create("sqlite", database=os.path.join(directory, f"{name}.db"))
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
+        with tempfile.TemporaryDirectory(prefix="tickets_bench_", ignore_cleanup_errors=True) as d:
+            yield URL.create("sqlite", database=os.path.join(d, f"{name}.db"))
         return
     server = make_url(os.environ.get(*SERVERS[backend]))
     admin = sa.create_engine(server, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
@@ -158,6 +149,38 @@ def first_contact(bind: Any, sequences: Sequence[str], *, embedded: bool = False
             server.next_block(sequence, 1)
 
 
+def tier_contact(dc: str, upstream: Any, sequences: Sequence[str], **settings: Any) -> None:
+    """A datacenter database's tier tables, and the sequences' state rows and first stock made
+    through ``upstream`` by a tier at ``settings`` (those of the tiers timed afterwards), with
+    :data:`SETUP_TIMEOUT` and refills awaited: before any clock starts."""
+    from sqlalchemy_tickets import DatacenterTier
+    from sqlalchemy_tickets.sources.datacenter import create_datacenter_tables
+
+    create_datacenter_tables(dc, timeout=SETUP_TIMEOUT)
+    with DatacenterTier(dc, upstream=upstream, **{**settings, "timeout": SETUP_TIMEOUT}) as tier:
+        for sequence in sequences:
+            tier.next_id(sequence)
+        tier.wait_idle(30.0)
+
+
+class Base(DeclarativeBase):
+    """The declarative base of the scripts' ORM models (a script's process holds its own)."""
+
+
+@contextlib.contextmanager
+def throwaway_engine(backend: str, metadata: sa.MetaData | None = None) -> Iterator[sa.Engine]:
+    """An engine on a :func:`throwaway_database` with ``metadata``'s tables made; disposed at the
+    exit (an embedded default of the engine is closed with it)."""
+    with throwaway_database(backend) as url:
+        engine = sa.create_engine(url)
+        try:
+            if metadata is not None:
+                metadata.create_all(engine)
+            yield engine
+        finally:
+            engine.dispose()
+
+
 def empty_table(engine: sa.Engine, table: sa.Table) -> None:
     """Untimed, between runs: ``TRUNCATE`` (no dead rows left behind), SQLite ``DELETE``."""
     with engine.begin() as conn:
@@ -174,8 +197,6 @@ def count_rows(engine: sa.Engine, table: sa.Table) -> int:
 
 
 # -- environment -------------------------------------------------------------------------------
-
-
 def git(*args: str) -> str | None:
     try:
         return subprocess.run(["git", *args], cwd=REPO_DIR, capture_output=True, text=True,
@@ -208,30 +229,24 @@ def environment(*peers: str) -> dict[str, Any]:
 
 
 # -- side-by-side timing -----------------------------------------------------------------------
-
-
-def loop(call: Callable[..., Any], n: int, *args: Any) -> Callable[[Any], None]:
-    """A variant's ``run``: ``call(*args)`` ``n`` times, in the cheapest Python loop there is."""
+def loop(call: Callable[..., Any], n: int, *args: Any,
+         nones: list[int] | None = None) -> Callable[[Any], None]:
+    """A variant's ``run``: ``call(*args)`` ``n`` times, in the cheapest Python loop there is.
+    With ``nones``, for a generator that may return ``None`` (snowflake-id does when a
+    millisecond's ids are spent), ``call()``: each run appends how many it missed to ``nones``."""
 
     def run(_: Any = None) -> None:
         for _ in repeat(None, n):
             call(*args)
 
-    return run
-
-
-def loop_counting_none(call: Callable[[], Any], n: int, counts: list[int]) -> Callable[[Any], None]:
-    """:func:`loop` for a generator that may return ``None`` (snowflake-id does when a
-    millisecond's ids are spent): each run appends how many it missed to ``counts``."""
-
-    def run(_: Any = None) -> None:
+    def counting(_: Any = None) -> None:
         missed = 0
         for _ in repeat(None, n):
             if call() is None:
                 missed += 1
-        counts.append(missed)
+        nones.append(missed)  # type: ignore[union-attr]
 
-    return run
+    return run if nones is None else counting
 
 
 @dataclass
@@ -353,24 +368,55 @@ def distribution(samples: Sequence[float]) -> dict[str, float]:
             "p90": pick(0.9), "p99": pick(0.99), "max": ordered[-1]}
 
 
+def timed(call: Callable[..., Any], *args: Any) -> tuple[float, Any]:
+    """``call(*args)`` once: the seconds it took (``perf_counter``) and what it returned."""
+    start = time.perf_counter()
+    result = call(*args)
+    return time.perf_counter() - start, result
+
+
+def window(call: Callable[[], Any], start: float, seconds: float,
+           catch: type[BaseException] | tuple[type[BaseException], ...] = ()
+           ) -> tuple[list[float], list[Any], list[str]]:
+    """``call()`` back to back from the monotonic instant ``start`` (as :meth:`Fleet.go` sends
+    it) for ``seconds``, collector off: each call's latency in seconds and its result, and the
+    ``repr`` of what calls raised of the types ``catch`` (those calls are not timed)."""
+    latencies, results, errors, clock, now = [], [], [], time.perf_counter, time.monotonic
+    gc.collect()
+    gc.disable()
+    try:
+        time.sleep(max(0.0, start - now()))
+        while now() < start + seconds:
+            began = clock()
+            try:
+                result = call()
+            except catch as error:
+                errors.append(repr(error))
+                continue
+            latencies.append(clock() - began)
+            results.append(result)
+    finally:
+        gc.enable()
+    return latencies, results, errors
+
+
 # -- processes ---------------------------------------------------------------------------------
-
-
 class Fleet(contextlib.AbstractContextManager):  # type: ignore[type-arg]
     """Worker processes (``multiprocessing``; ``method`` spawn: fresh interpreters, fork: copies
     of this one), each running the module-level ``target(spec, conn)`` with a pipe of its own
-    (an exception it raises reaches the parent). :meth:`tell` sends to the workers chosen
-    (default: all), :meth:`hear` receives one message from each (an error, or a worker gone
-    silent, raises); workers can be added while others run. As a context manager it gives them
-    ``grace`` seconds to end by themselves at its exit, then kills what still runs."""
+    (an exception it raises reaches the parent), started from ``specs`` and by :meth:`start`
+    while others run. :meth:`tell` sends to the workers chosen (default: all), :meth:`hear`
+    receives one message from each (an error, or a worker gone silent, raises). At its exit it
+    gives them ``grace`` seconds to end by themselves, then kills what still runs."""
 
-    def __init__(self, target: Callable[[Any, Any], None], *, method: str = "spawn",
-                 grace: float = 0.0) -> None:
+    def __init__(self, target: Callable[[Any, Any], None], specs: Sequence[Any] = (), *,
+                 method: str = "spawn", grace: float = 0.0) -> None:
         import multiprocessing
 
         self.target, self.grace = target, grace
         self.ctx = multiprocessing.get_context(method)
         self.workers: list[tuple[Any, Any]] = []
+        self.start(specs)
 
     def start(self, specs: Sequence[Any]) -> list[int]:
         """One worker per spec; their indexes."""
@@ -400,6 +446,12 @@ class Fleet(contextlib.AbstractContextManager):  # type: ignore[type-arg]
                 raise RuntimeError(f"worker {i} failed:\n{answers[-1]['error']}")
         return answers
 
+    def go(self, indexes: Sequence[int] | None = None, delay: float = 0.5) -> None:
+        """Once each of the workers chosen said it is ready (one message each), send them one
+        instant to start at, ``delay`` s from now on the monotonic clock they share."""
+        self.hear(indexes)
+        self.tell(time.monotonic() + delay, indexes)
+
     def ask(self, message: Any, indexes: Sequence[int] | None = None) -> list[Any]:
         self.tell(message, indexes)
         return self.hear(indexes)
@@ -415,19 +467,20 @@ class Fleet(contextlib.AbstractContextManager):  # type: ignore[type-arg]
 
 
 def work(target: Callable[[Any, Any], None], spec: Any, conn: Any) -> None:
-    """A :class:`Fleet` worker: ``target(spec, conn)``; what it raises goes to the parent."""
+    """A :class:`Fleet` worker: ``target(spec, conn)``; what it raises goes to the parent (and
+    to stderr: some parents, the campaign's, hear nothing from their workers)."""
     try:
         target(spec, conn)
     except BaseException:
+        traceback.print_exc()
         conn.send({"error": traceback.format_exc()})
         raise SystemExit(1) from None
 
 
 @contextlib.contextmanager
 def source_tree(ref: str, *, missing_ok: bool = False) -> Iterator[tuple[Path, str]]:
-    """``src/`` as it was at git ``ref``, exported into a temporary directory removed afterwards;
-    yields it and the commit. A ref this clone lacks (a shallow clone, an export) is an error,
-    unless ``missing_ok``: then this tree's ``src/`` stands in."""
+    """``src/`` at git ``ref``, exported into a temporary directory, and the commit. A ref this
+    clone lacks (shallow, an export) is an error, unless ``missing_ok``: this tree stands in."""
     commit = git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
     if not commit:
         if not missing_ok:
@@ -435,27 +488,22 @@ def source_tree(ref: str, *, missing_ok: bool = False) -> Iterator[tuple[Path, s
         log(f"{ref!r} is not here: this tree stands in for it")
         yield REPO_DIR / "src", "this tree"
         return
-    directory = Path(tempfile.mkdtemp(prefix="tickets_bench_src_"))
-    try:
+    with tempfile.TemporaryDirectory(prefix="tickets_bench_src_", ignore_cleanup_errors=True) as d:
         archive = subprocess.run(["git", "-C", str(REPO_DIR), "archive", commit, "src"],
                                  capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(directory)], input=archive, check=True)
-        yield directory / "src", commit
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        subprocess.run(["tar", "-x", "-C", d], input=archive, check=True)
+        yield Path(d) / "src", commit
 
 
 # -- reports -----------------------------------------------------------------------------------
-
-
 def report(args: argparse.Namespace, name: str, results: Mapping[str, Any], *,
            parameters: Mapping[str, Any] | None = None,
            checks: Mapping[str, Mapping[str, Any]] | None = None, figure: Any = None,
            title: str | None = None, **drawing: Any) -> int:
     """Write ``<out>/<name>.json`` and ``.png`` (``figure``, else with a ``title`` the
-    :func:`ratio_figure` of ``results``), print the verdicts, and return the exit status: 1 only
-    with ``--strict`` and a check that failed. The checks: every ratio summary with a target in
-    ``results``, and ``checks``."""
+    :func:`ratio_figure` of ``results``), print the verdicts of the checks (every ratio summary
+    with a target in ``results``, and ``checks``); the exit status: 1 only if one failed and
+    ``--strict``."""
     checks = {**{k: v for k, v in found(results, "ratios").items() if "target" in v},
               **(checks or {})}
     if figure is None and title is not None:
@@ -476,6 +524,7 @@ def report(args: argparse.Namespace, name: str, results: Mapping[str, Any], *,
         pyplot().close(figure)
     for key, c in checks.items():
         spread = f" (rounds {c['min']:.3f}-{c['max']:.3f})" if "min" in c else ""
+        spread += f", client CPU-time ratio {c['cpu_median']:.3g}" if "cpu_median" in c else ""
         log(f"  {key}: {c['median']:.3g}{spread}, target <= {c['target']:.3g}: "
             + ("PASS" if c.get("passed") else "FAIL"))
     log(f"overall: {'PASS' if passed else 'FAIL'}; wrote " + ", ".join(map(str, written)))
@@ -521,9 +570,8 @@ def found(results: Mapping[str, Any], key: str, path: tuple[str, ...] = ()) -> d
 def ratio_figure(title: str, env: Mapping[str, Any], results: Mapping[str, Any], *,
                  values: tuple[str, str, str] | None = None, log_scale: bool = False,
                  height: float = 5.0) -> Any:
-    """The usual picture: every ratio summary in ``results`` as a bar (the median; the rounds as
-    dots; the target as a red tick, red bar when missed), and beside it, with ``values = (key,
-    title, unit)``, the values under ``key``."""
+    """The usual picture: every ratio summary in ``results`` as a bar (:func:`ratio_panel`), and
+    beside it, with ``values = (key, title, unit)``, the values under ``key``."""
     fig, axes = figure(2 if values else 1, title, env, height=height)
     ratio_panel(axes[0], found(results, "ratios"), "time ratio per round", log_scale=log_scale)
     if values:

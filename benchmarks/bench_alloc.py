@@ -1,17 +1,14 @@
 """Allocation fast path: ns per id of a warm ``CachedSource.next_id`` against in-process
 generators, and over a datacenter tier against over a ticket server.
 
-Every cache is primed with 300,000 ids (untimed); before each cache run its refill in flight is
-awaited and the blocking waits the run causes are counted (expected 0); a run takes 40,000 ids;
-51 rounds; ``uuid_utils.uuid7()`` is timed in every round as the common reference. Groups:
-``single`` — ``CachedSource(TicketServer(<PostgreSQL db>))`` with its defaults against
-uuid_utils, snowflake-id (its ``None`` results counted), uuid6, python-ulid, a locked counter and
-an uncached ``TicketServer.next_id`` (**target: cache <= 1.0 x uuid_utils, never > 1.5 x**);
-``threads`` — one generator shared by 8 threads released by a barrier, then 200,000 ids from 8
-threads checked distinct and increasing per thread; ``tier`` —
-``CachedSource(DatacenterTier(dc, upstream=TicketServer(global)))`` against
-``CachedSource(TicketServer(global))``, both ``waste_ratio=1.0`` so a run's ids are in hand
-(**target: tier / server <= 1.1**).
+Caches primed with 300,000 ids, refills awaited before each run and the blocking waits a run
+causes counted (0 expected); 40,000 ids a run, 51 rounds, ``uuid_utils.uuid7()`` in every group.
+``single``: ``CachedSource(TicketServer(<PostgreSQL db>))`` vs uuid_utils, snowflake-id (its
+``None`` results counted), uuid6, python-ulid, a locked counter and an uncached
+``TicketServer.next_id`` (**target: cache <= 1.0 x uuid_utils, never > 1.5 x**); ``threads``:
+one generator shared by 8 threads, then 200,000 ids from 8 threads checked distinct and
+increasing per thread; ``tier``: ``CachedSource(DatacenterTier(dc, upstream))`` vs
+``CachedSource(TicketServer)``, both ``waste_ratio=1.0`` (**target: tier / server <= 1.1**).
 
     .venv/bin/python benchmarks/bench_alloc.py [--smoke] [--rounds 51] [--backends postgresql]
 """
@@ -30,7 +27,6 @@ import uuid_utils
 from ulid import ULID
 
 from sqlalchemy_tickets import CachedSource, DatacenterTier, TicketServer
-from sqlalchemy_tickets.sources.datacenter import create_datacenter_tables
 
 NAME, TARGET, LIMIT, TIER_TARGET, THREADS = "bench_alloc", 1.0, 1.5, 1.1, 8
 REF, CACHE = "uuid_utils.uuid7", "CachedSource.next_id"
@@ -90,10 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     nones: list[int] = []
     with h.throwaway_database(backend) as url, h.throwaway_database(backend) as dc:
         h.first_contact(url, ["bench", "bench_uncached"])
-        create_datacenter_tables(dc, timeout=h.SETUP_TIMEOUT)
         server, upstream = TicketServer(url), TicketServer(url)
-        with DatacenterTier(dc, upstream=upstream, timeout=h.SETUP_TIMEOUT) as first:
-            first.next_block("bench", 1)  # the tier's first contact, before any clock
+        h.tier_contact(dc, upstream, ["bench"])
         tier = DatacenterTier(dc, upstream=upstream)
         caches = {CACHE: CachedSource(TicketServer(url)),
                   TIER: CachedSource(tier, waste_ratio=1.0),
@@ -106,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                 h.watched(h.Variant(CACHE, h.loop(cache.next_id, n, "bench"), per=n), cache,
                           waits["single"]),
                 h.Variant(REF, h.loop(uuid_utils.uuid7, n), per=n),
-                h.Variant("snowflake-id", h.loop_counting_none(
-                    snowflake.SnowflakeGenerator(1).__next__, n, nones), per=n),
+                h.Variant("snowflake-id", h.loop(snowflake.SnowflakeGenerator(1).__next__, n,
+                                                 nones=nones), per=n),
                 h.Variant("uuid6.uuid7", h.loop(uuid6.uuid7, n), per=n),
                 h.Variant("python-ulid ULID()", h.loop(ULID, n), per=n),
                 h.Variant("locked counter", h.loop(locked_counter(), n), per=n),

@@ -1,24 +1,21 @@
 """The datacenter tier across processes: global round trips by process count, ids burned by a
 rolling restart, and blocking waits through a global outage.
 
-Worker processes (spawn) take ids of one sequence at a steady rate through
-``CachedSource(DatacenterTier(dc, upstream=pair))`` ("tier") or ``CachedSource(pair)`` ("no
-tier"), ``pair`` being ``TicketServers`` over two global PostgreSQL databases, the datacenters a
-PostgreSQL and a MariaDB database (``--backends``); caches at their defaults, tables made first.
+Worker processes take ids of one sequence at a steady rate through ``CachedSource(DatacenterTier(dc,
+upstream=pair))`` ("tier") or ``CachedSource(pair)`` ("no tier"), ``pair`` being ``TicketServers``
+over two global PostgreSQL databases, the datacenters a PostgreSQL and a MariaDB database.
 
-1. **Global round trips per minute**, P = 2, 4, 8, 16, 24 processes at 5 ids/s, with and
-   without the tier (``supply=10``, ``min_block=10``: it refills within the window), summed
-   from each process's ``pair.stats()`` over 60 s after 20 s. **Targets: flat in P with the
-   tier (most / fewest <= 2); no blocking wait.**
-2. **A rolling restart** of 8 processes (10 ids/s, tier defaults) after 20 s, each stopped —
-   ``CachedSource.close()`` or SIGKILL — and replaced; then all pause and burned = ids the pair
-   issued − ids taken − stock growth − ids the new caches hold, against what each stopped cache
-   held (HubSpot's layout burns it all). **Targets: 0 burned clean; at most held when killed.**
-   Also: a clean restart without the tier.
-3. **A 60 s global outage** (30 s refused, 30 s hung, through the test suite's TCP proxy) under
-   2 processes per datacenter at 20 ids/s: blocking waits, failed and slow calls, against the
-   runway at the cut (``describe_datacenter``). **Target: 0 blocking waits within the runway.**
-   A third datacenter (``supply=20``) runs out within the outage: its first failure is shown.
+1. **Global round trips per minute**, P = 2, 4, 8, 16, 24 processes at 5 ids/s, with and without
+   the tier (``supply=10``: it refills within the window), over 60 s after 20 s. **Targets: flat
+   in P with the tier (most / fewest <= 2); no blocking wait.**
+2. **A rolling restart** of 8 processes (10 ids/s) after 20 s, each closed or SIGKILLed and
+   replaced; burned = ids the pair issued − ids taken − stock growth − ids the new caches hold,
+   against what each stopped cache held (HubSpot's layout burns it all). **Targets: 0 burned
+   clean; at most held when killed.** Also: a clean restart without the tier.
+3. **A 60 s global outage** (30 s refused, 30 s hung, through the test suite's TCP proxy) under 2
+   processes per datacenter at 20 ids/s: blocking waits, failed and slow calls, against the
+   runway at the cut. **Target: 0 blocking waits within the runway.** A third datacenter
+   (``supply=20``) runs out within the outage: its first failure is shown.
 
 ``--smoke``: one P, one process per restart, seconds-long phases.
 
@@ -31,16 +28,15 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import _harness as h
-from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(h.REPO_DIR / "tests"))
 from sqlalchemy_tickets import CachedSource, DatacenterTier, TicketsError, TicketServers  # noqa: E402
-from sqlalchemy_tickets.sources.datacenter import create_datacenter_tables, describe_datacenter  # noqa: E402
-from support.proxy import TcpProxy  # noqa: E402  (the test suite's real TCP proxy)
+from sqlalchemy_tickets.sources.datacenter import describe_datacenter  # noqa: E402
+from support.rewind import FollowingProxy  # noqa: E402  (the test suite's real TCP proxy)
 
 NAME = "bench_datacenter"
 FAST_TIER = {"supply": 10.0, "min_block": 10}  # refills every few seconds: visible in a window
@@ -102,21 +98,6 @@ def worker(spec: dict[str, Any], pipe: Any) -> None:
         time.sleep(0.05)
 
 
-@contextlib.contextmanager
-def running(specs: Sequence[dict[str, Any]]) -> Iterator[h.Fleet]:
-    """Workers for ``specs``, taking ids from one common start; killed at the exit."""
-    with h.Fleet(worker) as fleet:
-        launch(fleet, specs)
-        yield fleet
-
-
-def launch(fleet: h.Fleet, specs: Sequence[dict[str, Any]]) -> None:
-    """More workers; once all of them are ready, they start taking ids together."""
-    fresh = fleet.start(specs)
-    fleet.hear(fresh)  # "ready"
-    fleet.tell(time.monotonic(), fresh)
-
-
 def issued(pair: Sequence[str], sequence: str) -> int:
     """Ids the global pair issued so far: each server's last id over its stride."""
     with contextlib.closing(TicketServers(pair, timeout=h.SETUP_TIMEOUT)) as servers:
@@ -130,22 +111,17 @@ def stock(dc: str, sequence: str) -> dict[str, Any]:
 
 
 def prime(pair: Sequence[str], sequence: str, tiers: dict[str, dict[str, Any]]) -> None:
-    """The sequence's ticket rows on both global servers and its state rows in the datacenters
-    ``tiers`` names (untimed, set-up timeouts), each tier with the settings its workers use: a
-    first refill at other settings would leave a stock the workers' tier would not hold."""
+    """The sequence's ticket rows on both global servers, and its first stock in the datacenters
+    ``tiers`` names, each at the settings its workers use (:func:`_harness.tier_contact`)."""
     with contextlib.closing(TicketServers(pair, timeout=h.SETUP_TIMEOUT)) as servers:
         servers.next_id(sequence)
         servers.next_id(sequence)
         for dc, settings in tiers.items():
-            with DatacenterTier(dc, upstream=servers, **{**settings,
-                                                        "timeout": h.SETUP_TIMEOUT}) as tier:
-                tier.next_id(sequence)
-                tier.wait_idle(30.0)
+            h.tier_contact(dc, servers, [sequence], **settings)
 
 
-def spec(pair: list[str], dc: str | None, sequence: str, rate: float,
-         tier: dict[str, Any]) -> dict[str, Any]:
-    return {"pair": pair, "dc": dc, "sequence": sequence, "rate": rate, "tier": tier}
+def spec(pair: list[str], dc: str | None, seq: str, rate: float, tier: Any) -> dict[str, Any]:
+    return {"pair": pair, "dc": dc, "sequence": seq, "rate": rate, "tier": tier}
 
 
 def scaling(urls: dict[str, Any], counts: Sequence[int], rate: float, warmup: float,
@@ -156,8 +132,9 @@ def scaling(urls: dict[str, Any], counts: Sequence[int], rate: float, warmup: fl
             seq = f"scale_{'tier' if tiered else 'none'}_{p}"
             dcs = [urls["dcs"][i % 2] for i in range(p)]
             prime(urls["pair"], seq, dict.fromkeys(dcs, FAST_TIER) if tiered else {})
-            with running([spec(urls["pair"], dc if tiered else None, seq, rate, FAST_TIER)
-                          for dc in dcs]) as fleet:
+            with h.Fleet(worker, [spec(urls["pair"], dc if tiered else None, seq, rate, FAST_TIER)
+                                  for dc in dcs]) as fleet:
+                fleet.go(delay=0.0)  # they all start taking ids at once
                 time.sleep(warmup)
                 before = fleet.ask("stats")
                 time.sleep(window)
@@ -185,14 +162,15 @@ def restart(urls: dict[str, Any], how: str, tiered: bool, n: int, rate: float,
     base, stock_base = issued(urls["pair"], seq), stocked()
     specs = [spec(urls["pair"], dc if tiered else None, seq, rate, {}) for dc in dcs]
     stopped = []
-    with running(specs) as fleet:
+    with h.Fleet(worker, specs) as fleet:
+        fleet.go(delay=0.0)
         time.sleep(warmup)
         for i in range(n):  # clean: it closes its cache and exits; kill: a snapshot, SIGKILL
             stopped += fleet.ask("close" if how == "clean" else "stats", [i])
             if how != "clean":
                 fleet.workers[i][0].kill()
             fleet.workers[i][0].join(30)
-            launch(fleet, [specs[i]])
+            fleet.go(fleet.start([specs[i]]), delay=0.0)
         time.sleep(min(warmup, 5.0))
         final = fleet.ask("pause", range(n, 2 * n))
         advance, grown = issued(urls["pair"], seq) - base, stocked() - stock_base
@@ -214,45 +192,40 @@ def restart(urls: dict[str, Any], how: str, tiered: bool, n: int, rate: float,
 
 def outage(urls: dict[str, Any], per_dc: int, rate: float, warmup: float,
            cut: float) -> dict[str, Any]:
-    seq, proxies = "outage", []
-    for url in urls["pair"]:
-        u = make_url(url)
-        proxies.append(TcpProxy(u.host or "127.0.0.1", u.port or 5432).start())
-    pair = [p.url(url) for p, url in zip(proxies, urls["pair"], strict=True)]
-    dcs = urls["dcs"]  # [dc A, dc B, short]
-    prime(pair, seq, {dcs[0]: {}, dcs[1]: {}, dcs[2]: SHORT_TIER})
-    specs = [spec(pair, dcs[i % 2], seq, rate, {}) for i in range(2 * per_dc)]
-    timeline: list[dict[str, Any]] = []
-    try:
-        with running([*specs, spec(pair, dcs[2], seq, rate, SHORT_TIER)]) as fleet:
-            t0 = time.monotonic()
+    seq, dcs, timeline = "outage", urls["dcs"], []  # dcs: [dc A, dc B, short]
+    with contextlib.ExitStack() as stack:  # the workers killed, then the proxies closed
+        proxies = [stack.enter_context(FollowingProxy.for_url(url)) for url in urls["pair"]]
+        pair = [p.url(url) for p, url in zip(proxies, urls["pair"], strict=True)]
+        prime(pair, seq, {dcs[0]: {}, dcs[1]: {}, dcs[2]: SHORT_TIER})
+        specs = [spec(pair, dcs[i % 2], seq, rate, {}) for i in range(2 * per_dc)]
+        fleet = stack.enter_context(h.Fleet(worker, [*specs, spec(pair, dcs[2], seq, rate,
+                                                                  SHORT_TIER)]))
+        fleet.go(delay=0.0)
+        t0 = time.monotonic()
 
-            def sample() -> list[dict[str, Any]]:
-                snaps = fleet.ask("stats")
-                timeline.append({"t": time.monotonic() - t0, "used": [s["used"] for s in snaps],
-                                 "failures": [s["failures"] for s in snaps]})
-                return snaps
+        def sample() -> list[dict[str, Any]]:
+            snaps = fleet.ask("stats")
+            timeline.append({"t": time.monotonic() - t0, "used": [s["used"] for s in snaps],
+                             "failures": [s["failures"] for s in snaps]})
+            return snaps
 
-            def run_for(seconds: float) -> list[dict[str, Any]]:
-                end = time.monotonic() + seconds
-                while time.monotonic() < end:
-                    time.sleep(min(1.0, max(0.0, end - time.monotonic())))
-                    sample()
-                return sample()
+        def run_for(seconds: float) -> list[dict[str, Any]]:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+                sample()
+            return sample()
 
-            run_for(warmup)
-            runway = {f"dc{i}": stock(dc, seq) for i, dc in enumerate(dcs)}
-            before, cut_at = sample(), time.monotonic()
-            for mode in ("refuse", "hang"):
-                for proxy in proxies:
-                    getattr(proxy, mode)()
-                during, back_at = run_for(cut / 2), time.monotonic()
+        run_for(warmup)
+        runway = {f"dc{i}": stock(dc, seq) for i, dc in enumerate(dcs)}
+        before, cut_at = sample(), time.monotonic()
+        for mode in ("refuse", "hang"):
             for proxy in proxies:
-                proxy.forward()
-            after = run_for(min(warmup, 10.0))
-    finally:
+                getattr(proxy, mode)()
+            during, back_at = run_for(cut / 2), time.monotonic()
         for proxy in proxies:
-            proxy.close()
+            proxy.forward()
+        after = run_for(min(warmup, 10.0))
     groups: dict[str, Any] = {}
     for name, members, dc_ids in (("long runway", range(2 * per_dc), (0, 1)),
                                   ("short runway", [2 * per_dc], (2,))):
@@ -275,10 +248,9 @@ def outage(urls: dict[str, Any], per_dc: int, rate: float, warmup: float,
             "calls_slower_than_20ms": len(slow), "slowest_call_seconds": max(slow, default=0.0),
             "ids_taken_after_outage": sum(after[i]["used"] - during[i]["used"] for i in members),
         }
-        h.log(f"  outage, {name}: {groups[name]['blocking_waits_cache']} blocking waits, "
-              f"{groups[name]['failed_calls']} failures, runway "
-              f"{groups[name]['runway_at_cut_seconds']}, first failure after "
-              f"{groups[name]['first_failure_after_cut_seconds']}")
+        h.log(f"  outage, {name}: " + ", ".join(f"{k} {groups[name][k]}" for k in (
+            "blocking_waits_cache", "failed_calls", "runway_at_cut_seconds",
+            "first_failure_after_cut_seconds")))
     return {"outage_seconds": cut, "ids_per_second_per_process": rate, "groups": groups,
             "timeline": timeline, "cut_at": cut_at - t0, "back_at": back_at - t0,
             "load_average_at_end": h.load()}
@@ -326,8 +298,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         made = h.databases(stack, *kinds)
         urls = {"pair": made[:2], "dcs": made[2:]}
-        for dc in urls["dcs"]:
-            create_datacenter_tables(dc, timeout=h.SETUP_TIMEOUT)
         results["databases"] = kinds
         h.log("global round trips by process count")
         results["scaling"] = scaling(urls, counts, 5.0, 1.0 if smoke else 20.0,

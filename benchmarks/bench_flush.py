@@ -2,13 +2,12 @@
 auto-increment vs UUIDv4, per backend.
 
 Four models differing only in their key: ``ticket``, ``TicketId("bench")`` with the embedded
-default (its table made before the clock starts); ``preset``, a ``BigInteger`` whose values are
-set when the objects are built (no ticket code at all: the floor a ``TicketId`` flush can
-reach); ``autoinc``, a native auto-increment the ORM must read back; ``uuid``, ``sa.Uuid`` with
-``default=uuid.uuid4``. Timed: ``add_all``, ``flush()``, ``commit()`` on a fresh session, objects
-built and table emptied beforehand, rows counted after; 9 rounds. One more flush per model counts
-the cursor calls and ticket round trips. Target: ticket / autoinc <= 0.9 on every backend; also
-ticket / preset (the library's own share: drawing the ids), preset / autoinc, uuid / autoinc.
+default; ``preset``, a ``BigInteger`` set when the objects are built (no ticket code: the floor
+a ``TicketId`` flush can reach); ``autoinc``, a native auto-increment; ``uuid``, ``sa.Uuid`` with
+``default=uuid.uuid4``. Timed: ``add_all``, ``flush()``, ``commit()`` on a fresh session; 9
+rounds; one more flush per model counts the cursor calls and ticket round trips. Target: ticket
+/ autoinc <= 0.9 on every backend; also ticket / preset (the library's own share), preset /
+autoinc, uuid / autoinc.
 
     .venv/bin/python benchmarks/bench_flush.py [--smoke] [--backends sqlite,postgresql,mysql]
 """
@@ -24,7 +23,7 @@ from typing import Any
 import _harness as h
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from sqlalchemy_tickets import TicketId
 from sqlalchemy_tickets.sources.default import embedded_source
@@ -32,32 +31,28 @@ from sqlalchemy_tickets.sources.default import embedded_source
 NAME, TARGET = "bench_flush", 0.9  # ticket time / auto-increment time
 
 
-class Base(DeclarativeBase):
-    pass
-
-
 class Columns:
     title: Mapped[str] = mapped_column(sa.String(50))
     n: Mapped[int] = mapped_column(sa.Integer)
 
 
-class TicketRow(Columns, Base):
+class TicketRow(Columns, h.Base):
     __tablename__ = "bench_ticket"
     id: Mapped[int] = mapped_column(TicketId("bench"), primary_key=True)
 
 
-class AutoincRow(Columns, Base):
+class AutoincRow(Columns, h.Base):
     __tablename__ = "bench_autoinc"  # SQLite auto-increments only an INTEGER PRIMARY KEY
     id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
                                     primary_key=True, autoincrement=True)
 
 
-class PresetRow(Columns, Base):
+class PresetRow(Columns, h.Base):
     __tablename__ = "bench_preset"
     id: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, autoincrement=False)
 
 
-class UuidRow(Columns, Base):
+class UuidRow(Columns, h.Base):
     __tablename__ = "bench_uuid"
     id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, primary_key=True, default=uuid.uuid4)
 
@@ -97,31 +92,23 @@ def statements(engine: sa.Engine, name: str, rows: int) -> dict[str, Any]:
     cache = embedded_source(engine)
     before = cache.source.stats()["round_trips"]  # type: ignore[attr-defined]
     variant = flush(engine, name, rows)
-    event.listen(engine, "before_cursor_execute", count)
-    try:
-        state = variant.setup()
-        variant.run(state)
-        variant.teardown(state)
-    finally:
-        event.remove(engine, "before_cursor_execute", count)
+    event.listen(engine, "before_cursor_execute", count)  # a failure ends the script anyway
+    state = variant.setup()
+    variant.run(state)
+    variant.teardown(state)
+    event.remove(engine, "before_cursor_execute", count)
     cache.wait_idle(5.0)  # a refill the flush started counts too
     trips = cache.source.stats()["round_trips"] - before  # type: ignore[attr-defined]
     return {"cursor_calls": dict(calls), "ticket_round_trips": trips}
 
 
 def run_backend(args: Any, backend: str, rows: int) -> dict[str, Any]:
-    with h.throwaway_database(backend) as url:
-        h.log(f"[{backend}] {url!r}: {rows:,} rows per flush")
-        engine = sa.create_engine(url)
-        try:
-            Base.metadata.create_all(engine)
-            h.first_contact(engine, ["bench"], embedded=True)
-            variants = [flush(engine, name, rows) for name in MODELS]
-            timings = h.interleave(variants, h.rounds(args, 9), label=f"{backend} ")
-            probe = {name: statements(engine, name, rows) for name in MODELS}
-        finally:
-            stats = embedded_source(engine).stats()
-            engine.dispose()  # closes the embedded default with it
+    with h.throwaway_engine(backend, h.Base.metadata) as engine:
+        h.first_contact(engine, ["bench"], embedded=True)
+        variants = [flush(engine, name, rows) for name in MODELS]
+        timings = h.interleave(variants, h.rounds(args, 9), label=f"{backend} ")
+        probe = {name: statements(engine, name, rows) for name in MODELS}
+        stats = embedded_source(engine).stats()
     return {
         "ratios": {f"{a}/{b}": h.ratio_summary(timings, a, b, TARGET if a == "ticket" and
                                                b == "autoinc" else None)

@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     results: dict[str, Any] = {}
     for group, made in groups.items():
-        chosen = [h.Variant(name, h.loop(f, n) if f else h.loop_counting_none(
-                               snowflake.SnowflakeGenerator(1).__next__, n, nones[group]), per=n)
+        chosen = [h.Variant(name, h.loop(f or snowflake.SnowflakeGenerator(1).__next__, n,
+                                         nones=None if f else nones[group]), per=n)
                   for name, f in made.items()]
         timings = h.interleave(chosen, h.rounds(args, 15), label=f"{group}: ")
         ratios = {f"ours/{p}": h.ratio_summary(timings, "ours", p, TARGETS.get(p))

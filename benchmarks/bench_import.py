@@ -1,16 +1,13 @@
 """Start-up: ``import sqlalchemy_tickets`` against ``import sqlalchemy.orm``, in fresh interpreters.
 
-Every run is a new ``python -c`` process; the time compared is the one the child measures
-around its import statement (interpreter start-up is in neither; the whole process's is
-reported beside it). Groups, each interleaved on its own, 30 rounds (smoke 3, without those
-marked *): ``import`` — ``sqlalchemy.orm`` vs ``sqlalchemy_tickets`` (which imports the ORM:
-total / total), and both with the collector off *; **target <= 1.1**. ``app`` — the imports, a
-model with a ``String`` and an ``id`` key, ``configure_mappers()``: ``TicketId("Photos")`` key
-vs ``BigInteger`` without the library, and vs ``BigInteger`` with it *. ``alembic`` — ``import
-alembic`` with the package's ``alembic.plugins`` entry point vs without it. Children import
-this checkout's ``src/`` (checked) and use a private ``PYTHONPYCACHEPREFIX``, filled by one
-untimed child first. (Where the time goes: ``python -X importtime -c "import
-sqlalchemy_tickets"``.)
+Every run is a new ``python -c`` process importing this checkout's ``src/``; the time compared is
+the one the child measures around its statements (the whole process's is beside it). Groups,
+each interleaved on its own, 30 rounds (smoke 3, without those marked *): ``import`` —
+``sqlalchemy.orm`` vs ``sqlalchemy_tickets`` (total / total), and both with the collector off *;
+**target <= 1.1**. ``app`` — the imports, a model and ``configure_mappers()``:
+``TicketId("Photos")`` key vs ``BigInteger`` without the library, and with it *. ``alembic`` —
+``import alembic`` with the package's ``alembic.plugins`` entry point vs without it. (Where the
+time goes: ``python -X importtime -c "import sqlalchemy_tickets"``.)
 
     .venv/bin/python benchmarks/bench_import.py [--smoke] [--rounds 30] [--strict]
 """
@@ -19,17 +16,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import _harness as h
 
-NAME, TARGET, PACKAGE, TOP = "bench_import", 1.1, "sqlalchemy_tickets", 20
+NAME, TARGET, PACKAGE = "bench_import", 1.1, "sqlalchemy_tickets"
 SRC_DIR = h.REPO_DIR / "src"
 #: A child: the clock runs around ``body`` only; ``prelude`` and the report are outside it.
 CHILD = """\
@@ -94,8 +89,8 @@ RATIOS: dict[str, list[tuple[str, str, float | None]]] = {
 SMOKE_LEAVES_OUT = {"sqlalchemy.orm, gc off", f"{PACKAGE}, gc off", "tickets + BigInteger"}
 
 
-def run_child(code: str, env: Mapping[str, str], *flags: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([sys.executable, *flags, "-c", code], env=dict(env), text=True,
+def run_child(code: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([sys.executable, "-c", code], env=dict(env), text=True,
                           cwd=tempfile.gettempdir(),  # nothing on the path by accident
                           capture_output=True, timeout=300, check=False)
     if done.returncode != 0:
@@ -131,14 +126,13 @@ def measure_group(variants: Mapping[str, tuple[str, str]], rounds: int, env: Map
 def main(argv: list[str] | None = None) -> int:
     args = h.parse_args(__doc__, argv, peers=("alembic",))
     rounds = int(args.rounds or (3 if args.smoke else 30))
-    pycache = Path(tempfile.mkdtemp(prefix="bench_import_pycache_"))
     children = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     children["PYTHONPATH"] = os.pathsep.join(filter(None, (str(SRC_DIR),
                                                            os.environ.get("PYTHONPATH"))))
-    children["PYTHONPYCACHEPREFIX"] = str(pycache)
     results: dict[str, Any] = {}
     imported: set[str] = set()
-    try:
+    with tempfile.TemporaryDirectory(prefix="bench_import_pycache_") as pycache:
+        children["PYTHONPYCACHEPREFIX"] = pycache
         run_child(f"import sqlalchemy.orm, {PACKAGE}, alembic", children)  # writes the bytecode
         for group, variants in GROUPS.items():
             if args.smoke:  # seconds, not a minute: the pairs with a verdict or a headline
@@ -156,8 +150,6 @@ def main(argv: list[str] | None = None) -> int:
                 **inner.to_json(),
                 "whole_process_seconds_per_round": outer.seconds,
             }
-    finally:
-        shutil.rmtree(pycache, ignore_errors=True)
     expected = str(SRC_DIR / PACKAGE / "__init__.py")
     if imported != {expected}:
         raise RuntimeError(f"the children imported {sorted(imported)}, not {expected}")

@@ -1,12 +1,10 @@
 """Why tickets: primary-key index size, table size and insert time by key type.
 
 PostgreSQL and MariaDB; a table ``(id <key> PRIMARY KEY, n BIGINT, INDEX(n))`` per key type:
-``TicketId`` (ids from ``TicketServer.next_block``), ``SnowflakeId``, ``UUID7``, UUIDv4
-(``sa.Uuid``, 16 bytes) and ``PrefixedId`` (31 characters). Ids are made first, in creation
-order, then inserted in batches of ``--batch`` (one executemany and commit each); only inserts
-are timed. Sizes after ``VACUUM ANALYZE`` / ``ANALYZE TABLE`` (PostgreSQL ``pg_relation_size``,
-MariaDB ``mysql.innodb_index_stats``: its PRIMARY is the table). Also writes
-``<out>/bench_index_size.md``, the table ``docs/choosing.md`` quotes.
+``TicketId``, ``SnowflakeId``, ``UUID7``, UUIDv4 (``sa.Uuid``) and ``PrefixedId`` (31
+characters). Ids made first, in creation order, then inserted in batches of ``--batch`` (one
+executemany and commit each); only inserts timed; sizes after ``VACUUM ANALYZE`` / ``ANALYZE
+TABLE``. Also writes ``<out>/bench_index_size.md``, the table ``docs/choosing.md`` quotes.
 
     .venv/bin/python benchmarks/bench_index_size.py [--rows 1000000] [--batch 10000] [--smoke]
 """
@@ -93,20 +91,15 @@ def markdown(results: dict[str, Any], rows: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    def extra(parser: Any) -> None:
-        parser.add_argument("--rows", type=int, default=None, help="rows per key type (1,000,000)")
-        parser.add_argument("--batch", type=int, default=10_000, help="rows per executemany")
-
-    args = h.parse_args(__doc__, argv, extra, backends=("postgresql", "mysql"))
+    args = h.parse_args(__doc__, argv, {
+        "--rows": dict(type=int, default=None, help="rows per key type (1,000,000)"),
+        "--batch": dict(type=int, default=10_000, help="rows per executemany")},
+        backends=("postgresql", "mysql"))
     rows = args.rows or (200 if args.smoke else 1_000_000)
     results = {}
     for backend in (b for b in args.backends if b != "sqlite"):
-        with h.throwaway_database(backend) as url:
-            engine = sa.create_engine(url)
-            try:
-                results[backend] = {k: measure(engine, backend, k, rows, args.batch) for k in KEYS}
-            finally:
-                engine.dispose()
+        with h.throwaway_engine(backend) as engine:
+            results[backend] = {k: measure(engine, backend, k, rows, args.batch) for k in KEYS}
         h.log(markdown({backend: results[backend]}, rows))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{NAME}.md").write_text(markdown(results, rows))

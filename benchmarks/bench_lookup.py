@@ -1,12 +1,11 @@
 """``lookup(session, value)`` against ``session.get(Model, value)`` alone, side by side.
 
 ``lookup`` adds a type check, a dict lookup of the prefix and one regex match of the whole id
-to the ``session.get`` it ends in. Model: ``mapped_column(PrefixedId("post"),
-primary_key=True)`` and a ``String(50)``. ``hit``: every object already in the identity map, no
-SQL (the largest share ``lookup`` can ever be; backend-independent, so measured on the first
-backend), 20,000 calls a run, target lookup / get <= 1.5; ``load``: the identity map emptied
-before each call, one ``SELECT`` by key each, every backend, 1,000 calls a run, target <= 1.05.
-15 rounds; the client CPU-time ratio (``cpu_median``), steadier on a busy machine, is beside.
+to the ``session.get`` it ends in; the key is ``PrefixedId("post")``. ``hit``: every object in
+the identity map, no SQL (the largest share ``lookup`` can be; on the first backend), 20,000
+calls a run, target lookup / get <= 1.5; ``load``: the identity map emptied before each call, a
+``SELECT`` each, every backend, 1,000 calls a run, target <= 1.05. 15 rounds; the client
+CPU-time ratio (``cpu_median``), steadier on a busy machine, is beside.
 
     .venv/bin/python benchmarks/bench_lookup.py [--smoke] [--backends sqlite,postgresql,mysql]
 """
@@ -18,7 +17,7 @@ from typing import Any
 
 import _harness as h
 import sqlalchemy as sa
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from sqlalchemy_tickets import PrefixedId, lookup
 
@@ -27,11 +26,7 @@ TARGETS = {"hit": 1.5, "load": 1.05}
 SIZES = {"hit": 20_000, "load": 1_000}
 
 
-class Base(DeclarativeBase):
-    pass
-
-
-class Post(Base):
+class Post(h.Base):
     __tablename__ = "bench_lookup_posts"
     id: Mapped[str] = mapped_column(PrefixedId("post"), primary_key=True)
     title: Mapped[str] = mapped_column(sa.String(50))
@@ -78,36 +73,28 @@ def summary(timings: h.Timings, case: str) -> dict[str, Any]:
 
 def run_backend(args: Any, backend: str, with_hits: bool) -> dict[str, Any]:
     hit_n, load_n = (50, 50) if args.smoke else (SIZES["hit"], SIZES["load"])
-    with h.throwaway_database(backend) as url:
-        h.log(f"[{backend}] {url!r}")
-        engine = sa.create_engine(url)
-        try:
-            Base.metadata.create_all(engine)
-            new_id = PrefixedId("post").new_id
-            ids = [new_id() for _ in range(max(hit_n, load_n))]
-            with engine.begin() as conn:
-                conn.execute(Post.__table__.insert(), [{"id": i, "title": i} for i in ids])
-            result: dict[str, Any] = {}
-            if with_hits:
-                with Session(engine) as session:
-                    held = [session.get(Post, value) for value in ids[:hit_n]]  # kept: the
-                    timings = h.interleave(  # identity map holds objects only weakly
-                        hit_variants(session, ids[:hit_n]), h.rounds(args, 15), label="hit ")
-                    assert len(held) == hit_n
-                result["hit"] = summary(timings, "hit")
-            result["load"] = summary(h.interleave(load_variants(engine, ids[:load_n]),
-                                                  h.rounds(args, 15), label=f"{backend} load "),
-                                     "load")
-        finally:
-            engine.dispose()
+    with h.throwaway_engine(backend, h.Base.metadata) as engine:
+        new_id = PrefixedId("post").new_id
+        ids = [new_id() for _ in range(max(hit_n, load_n))]
+        with engine.begin() as conn:
+            conn.execute(Post.__table__.insert(), [{"id": i, "title": i} for i in ids])
+        result: dict[str, Any] = {}
+        if with_hits:
+            with Session(engine) as session:
+                held = [session.get(Post, value) for value in ids[:hit_n]]  # kept: the
+                timings = h.interleave(  # identity map holds objects only weakly
+                    hit_variants(session, ids[:hit_n]), h.rounds(args, 15), label="hit ")
+                assert len(held) == hit_n
+            result["hit"] = summary(timings, "hit")
+        result["load"] = summary(h.interleave(load_variants(engine, ids[:load_n]),
+                                              h.rounds(args, 15), label=f"{backend} load "),
+                                 "load")
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     args = h.parse_args(__doc__, argv)
     results = {b: run_backend(args, b, with_hits=i == 0) for i, b in enumerate(args.backends)}
-    for key, c in h.found(results, "ratios").items():
-        h.log(f"  {key}: client CPU-time ratio {c['cpu_median']:.3f}")
     return h.report(args, NAME, results, parameters={"calls_per_run": SIZES},
                     title="lookup(session, id) vs session.get(Model, id)",
                     values=("median_us_per_call", "median time per call", "µs"))

@@ -1,14 +1,12 @@
 """What ``retry_session`` costs when nothing fails: a 1,000-row insert unit with and without it.
 
-Model: ``TicketId("bench")`` key (embedded default, its table made beforehand), a ``String(50)``
-and an ``Integer``; ``work(session)`` adds 1,000 objects. Variants: ``retry``
+``work(session)`` adds 1,000 objects with a ``TicketId("bench")`` key. Variants: ``retry``
 (``retry_session(sessionmaker(engine), work)``), ``plain`` (``with Session() as s: work(s);
-s.commit()``) and ``plain A/A`` (the same again: the noise floor); ``retry, objs`` / ``plain,
-objs``, where ``work`` returns its objects and the caller keeps them (``retry_session`` keeps
-them through COMMIT to replay them, and commits without expiring them; ``plain, objs / plain`` is
-the expiry alone); ``retry, no expire`` / ``plain, no expire`` with ``expire_on_commit=False``.
-5 units per run (smoke 1) on an emptied table, rows counted after each run, the library's
-warnings recorded (none expected); 21 rounds. Target: retry / plain <= 1.05 on every backend.
+s.commit()``) and ``plain A/A`` (the noise floor); ``retry, objs`` / ``plain, objs``, where the
+caller keeps what ``work`` returns (``plain, objs / plain``: the expiry alone); ``retry, no
+expire`` / ``plain, no expire`` with ``expire_on_commit=False``. 5 units per run (smoke 1), rows
+counted after each run, the library's warnings recorded (none expected); 21 rounds. Target:
+retry / plain <= 1.05 on every backend.
 
     .venv/bin/python benchmarks/bench_retry.py [--smoke] [--backends sqlite,postgresql,mysql]
 """
@@ -21,7 +19,7 @@ from typing import Any
 
 import _harness as h
 import sqlalchemy as sa
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import Mapped, mapped_column, sessionmaker
 
 from sqlalchemy_tickets import TicketId, retry_session
 
@@ -35,11 +33,7 @@ PAIRS = {  # ratio -> (numerator, denominator, target)
 }
 
 
-class Base(DeclarativeBase):
-    pass
-
-
-class Row(Base):
+class Row(h.Base):
     __tablename__ = "bench_retry"
     id: Mapped[int] = mapped_column(TicketId("bench"), primary_key=True)
     title: Mapped[str] = mapped_column(sa.String(50))
@@ -91,18 +85,14 @@ def run_backend(args: Any, backend: str, units: int, rows: int) -> dict[str, Any
     warnings: list[str] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
-    with h.throwaway_database(backend) as url:
-        h.log(f"[{backend}] {url!r}: {units} units of {rows:,} rows per run")
-        engine = sa.create_engine(url)
+    with h.throwaway_engine(backend, h.Base.metadata) as engine:
         logging.getLogger("sqlalchemy_tickets").addHandler(handler)
         try:
-            Base.metadata.create_all(engine)
             h.first_contact(engine, ["bench"], embedded=True)
             timings = h.interleave(variants(engine, units, rows), h.rounds(args, 21),
                                    label=f"{backend} ")
         finally:
             logging.getLogger("sqlalchemy_tickets").removeHandler(handler)
-            engine.dispose()  # closes the embedded default with it
     return {
         "ratios": {key: h.ratio_summary(timings, a, b, t) for key, (a, b, t) in PAIRS.items()},
         "median_ms_per_unit": {name: timings.median(name) * 1e3 for name in timings.seconds},

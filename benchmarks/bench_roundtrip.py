@@ -1,18 +1,15 @@
 """Ticket round trips: ``TicketServer.next_id`` / ``next_block(seq, 1000)`` against the bare
 driver running the same take, and what the rewind guard costs in the database.
 
-A ``TicketServer`` with its defaults issues ids of ``bench`` on a throwaway database. The
-baseline is the bare driver (sqlite3, psycopg with ``prepare_threshold=None`` as the library's
-connections, PyMySQL) on a connection of its own in autocommit, running the take written out
-here, as ``docs/rewinds.md`` describes it, on a one-row table of its own: ``raw``, ``UPDATE
-bench_raw SET id = id + :n WHERE stub = 'a' AND id <= :max AND step = 1 AND lane = 1 RETURNING
-id`` (MySQL/MariaDB: ``SET id = LAST_INSERT_ID(id + :n)``, read from ``lastrowid``); ``raw
-guarded``, with the rewind guard the library's take carries (PostgreSQL: the table's OID and the
-timeline; MySQL/MariaDB: ``@@server_id`` and the InnoDB table id; SQLite checks at an interval
-instead, so there both are the plain take). 21 rounds; round trips per run calibrated to ~0.15 s
-of raw; ids issued checked. ``next_id / raw guarded`` and ``next_block(1000) / raw guarded``:
-what the library adds around its statement, **target <= 1.2**; ``raw guarded / raw``: the
-guard's cost per take in the database (per block: never per id behind a cache).
+A ``TicketServer`` with its defaults against the bare driver (sqlite3, psycopg with
+``prepare_threshold=None``, PyMySQL) on a connection of its own in autocommit, running the take
+``docs/rewinds.md`` describes on a one-row table of its own: ``raw``, ``UPDATE bench_raw SET id
+= id + :n WHERE stub = 'a' AND id <= :max AND step = 1 AND lane = 1 RETURNING id`` (MySQL:
+``LAST_INSERT_ID``); ``raw guarded``, with the rewind guard's conditions (PostgreSQL: the
+table's OID and the timeline; MySQL/MariaDB: ``@@server_id`` and the InnoDB table id; SQLite
+checks at an interval instead). 21 rounds of ~0.15 s of raw each, ids issued checked.
+**Target: next_id and next_block(1000) / raw guarded <= 1.2**, what the library adds around its
+statement; ``raw guarded / raw``: the guard's cost per take.
 
     .venv/bin/python benchmarks/bench_roundtrip.py [--smoke] [--backends sqlite,postgresql,mysql]
 """
@@ -20,7 +17,6 @@ guard's cost per take in the database (per block: never per id behind a cache).
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any
 
 import _harness as h
@@ -82,9 +78,8 @@ def run_backend(args: Any, backend: str) -> dict[str, Any]:
         server = TicketServer(url)
         engine, connection, takes = raw_takes(url, backend)
         try:
-            cursor, start = connection.cursor(), time.perf_counter()
-            h.loop(takes["raw"], 20, cursor)()
-            per_call = (time.perf_counter() - start) / 20
+            cursor = connection.cursor()
+            per_call = h.timed(h.loop(takes["raw"], 20, cursor))[0] / 20
             cursor.close()
             calls = 20 if args.smoke else max(100, min(5000, int(0.15 / per_call)))
             h.log(f"[{backend}] {url!r}: {calls} round trips per run")

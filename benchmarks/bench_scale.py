@@ -3,18 +3,16 @@ close, for S sequences.
 
 For each S (default 10, 100, 1,000, 5,000) and layout — ``server``:
 ``CachedSource(TicketServer(url))``, ``tier``: ``CachedSource(DatacenterTier(dc_url,
-TicketServer(global_url)))``, every source at its defaults but ``timeout=30`` (the figures are
-times, and no set-up may be cut by the 2 s default) — a forked process of its own (its RSS and
-threads are the case's) on two fresh databases: (1) makes the S tables with
-``TicketServer.create_tables`` (timed apart) and draws 200,000 ids of one sequence, ``warm``;
-(2) **first contact**: ``cache.prepare(names)`` and the first id of each (goal <= 5 s at
-S = 5,000), then the first id of ``--lazy`` fresh sequences one at a time, nothing prepared;
-(3) **threads** the library started and **RSS growth per sequence**; (4) **warm per-id cost**:
-N = max(20,000, 8 S) ``next_id`` calls per run, round robin over the S sequences (each warmed
-first) vs N on ``warm``, interleaved, refills awaited before each run, blocking waits and round
-trips per 1,000 ids counted; (5) **close** of the S + 1 lanes, timed, ids given back and burned.
-Goals at the largest S: <= 8 threads, <= 20 KB per sequence, round robin / one <= 1.5, first
-contact <= 5 s, close <= 1 s, 0 blocking waits. ``--smoke``: S = 10, 50, N = 1,000, one round.
+TicketServer(global_url)))``, sources at their defaults but ``timeout=30`` — a forked process of
+its own on two fresh databases: (1) makes the S tables with ``TicketServer.create_tables``
+(timed apart) and draws 200,000 ids of one sequence, ``warm``; (2) **first contact**:
+``cache.prepare(names)`` and the first id of each, then the first id of ``--lazy`` fresh
+sequences one at a time; (3) **threads** the library started and **RSS growth per sequence**;
+(4) **warm per-id cost**: N = max(20,000, 8 S) ``next_id`` calls per run, round robin over the S
+sequences (each warmed first) vs N on ``warm``, interleaved, blocking waits and round trips per
+1,000 ids counted; (5) **close** of the S + 1 lanes, timed, ids given back and burned. Goals at
+the largest S: <= 8 threads, <= 20 KB per sequence, round robin / one <= 1.5, first contact <=
+5 s, close <= 1 s, 0 blocking waits. ``--smoke``: S = 10, 50, N = 1,000, one round.
 
     .venv/bin/python benchmarks/bench_scale.py [--smoke] [--sizes 10,100,1000,5000]
         [--layouts server,tier] [--lazy 100] [--rounds 7] [--backends postgresql]
@@ -52,8 +50,12 @@ PANELS = {  # figure -> (title, unit, goal at the largest S)
 }
 
 
-def memory() -> dict[str, int]:
-    """``VmRSS`` and ``VmSize`` of this process, in KB."""
+def memory(*sources: Any) -> dict[str, int]:
+    """``VmRSS`` and ``VmSize`` of this process, in KB, once ``sources`` are idle (refills done)
+    and the garbage is collected."""
+    for source in filter(None, sources):
+        source.wait_idle(30.0)
+    gc.collect()
     with open("/proc/self/status") as status:
         fields = dict(line.split(":", 1) for line in status if ":" in line)
     return {key: int(fields[key].split()[0]) for key in ("VmRSS", "VmSize")}
@@ -72,43 +74,26 @@ def measure(spec: dict[str, Any], conn: Any) -> None:
     lazy = [f"{spec['prefix']}lazy{i:04d}" for i in range(spec["lazy"])]
     before = {t.ident for t in threading.enumerate() if t.ident is not None}
     server = TicketServer(spec["global_url"], **OPTIONS)
-    started = time.perf_counter()
-    server.create_tables(names)
     out: dict[str, Any] = {"layout": LAYOUTS[spec["layout"]],
-                           "create_tables_seconds": time.perf_counter() - started}
+                           "create_tables_seconds": h.timed(server.create_tables, names)[0]}
     tier = spec["dc_url"] and DatacenterTier(spec["dc_url"], upstream=server, **OPTIONS)
     cache = CachedSource(tier or server, **OPTIONS)
-    idle = [s for s in (cache, tier) if s]
     try:
         h.loop(cache.next_id, spec["prime"], spec["prefix"] + WARM)()
-        for source in idle:
-            source.wait_idle(30.0)
-        gc.collect()
-        mem0, waits = memory(), cache.stats()["blocking_waits"]
+        mem0, waits = memory(cache, tier), cache.stats()["blocking_waits"]
         h.log(f"  {label}first contact")
-        started = time.perf_counter()
-        cache.prepare(names)
-        prepared = time.perf_counter() - started
-        for name in names:
-            cache.next_id(name)
-        contact = time.perf_counter() - started
+        prepared = h.timed(cache.prepare, names)[0]
+        contact = prepared + h.timed(lambda: [cache.next_id(name) for name in names])[0]
         first_waits = cache.stats()["blocking_waits"] - waits
-        for source in idle:
-            source.wait_idle(30.0)
-        gc.collect()
-        mem1, s = memory(), len(names)
+        mem1, s = memory(cache, tier), len(names)
         out.update(sequences=s, prepare_seconds=prepared, first_contact_seconds=contact,
                    first_contact_blocking_waits=first_waits,
                    threads_by_name=library_threads(before),
                    rss_kb_per_sequence=(mem1["VmRSS"] - mem0["VmRSS"]) / max(1, s),
                    vmsize_kb_per_sequence=(mem1["VmSize"] - mem0["VmSize"]) / max(1, s))
         out["threads"] = sum(out["threads_by_name"].values())
-        took = []
-        for name in lazy:
-            began = time.perf_counter()
-            cache.next_id(name)
-            took.append(time.perf_counter() - began)
-        out["lazy_first_contact_per_sequence"] = h.distribution(took)
+        out["lazy_first_contact_per_sequence"] = h.distribution(
+            [h.timed(cache.next_id, name)[0] for name in lazy])
         h.log(f"  {label}prepare + first ids {contact:.2f} s ({prepared:.2f} s prepare), "
               f"{out['threads']} threads, {out['rss_kb_per_sequence']:.1f} KB per sequence")
         n = max(spec["ids_per_run"], PER_LANE * s)
@@ -143,9 +128,7 @@ def measure(spec: dict[str, Any], conn: Any) -> None:
         out["blocking_waits_per_1000_ids"] = out["warm"]["per_1000_ids"][RR]["blocking_waits"]
         cache.wait_idle(30.0)
         held = cache.stats()
-        started = time.perf_counter()
-        burned = cache.close()
-        out["close_seconds"] = time.perf_counter() - started
+        out["close_seconds"], burned = h.timed(cache.close)
         out["close"] = {"lanes": len(held["sequences"]), "held": held["in_hand"],
                         "given_back": cache.stats()["given_back"] - held["given_back"],
                         "burned": burned}
@@ -164,11 +147,9 @@ def measure(spec: dict[str, Any], conn: Any) -> None:
 
 
 def run_case(spec: dict[str, Any]) -> dict[str, Any]:
-    """:func:`measure` in a process of its own (forked: the parent holds no thread and none of
-    the library's objects), given 30 minutes; a case that failed is recorded and the run goes
-    on."""
-    with h.Fleet(measure, method="fork", grace=30) as fleet:
-        fleet.start([spec])
+    """:func:`measure` in a forked process of its own (the parent holds no thread, none of the
+    library's objects), given 30 minutes; a case that failed is recorded, and the run goes on."""
+    with h.Fleet(measure, [spec], method="fork", grace=30) as fleet:
         try:
             result: dict[str, Any] = fleet.hear(timeout=1800)[0]
         except RuntimeError as error:
@@ -190,13 +171,11 @@ def draw(env: dict[str, Any], results: dict[str, Any]) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    def options(parser: Any) -> None:
-        parser.add_argument("--sizes", default=None, help="numbers of sequences, comma-separated")
-        parser.add_argument("--layouts", default="server,tier", help="server,tier")
-        parser.add_argument("--lazy", type=int, default=None,
-                            help="fresh sequences whose first id is taken one at a time")
-
-    args = h.parse_args(__doc__, argv, options, backends=("postgresql",))
+    args = h.parse_args(__doc__, argv, {
+        "--sizes": dict(default=None, help="numbers of sequences, comma-separated"),
+        "--layouts": dict(default="server,tier", help="server,tier"),
+        "--lazy": dict(type=int, default=None, help="fresh sequences whose first id is taken "
+                       "one at a time")}, backends=("postgresql",))
     sizes = ([int(x) for x in args.sizes.split(",") if x.strip()] if args.sizes
              else [10, 50] if args.smoke else [10, 100, 1000, 5000])
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]

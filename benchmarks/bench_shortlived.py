@@ -1,11 +1,10 @@
 """Ids burned by short-lived processes: three cron-job-like processes in a row, each inserting
 rows in bursts through ``configure(url)`` (= ``CachedSource(TicketServer(url))``) and exiting.
 
-Each process (``multiprocessing`` spawn; smoke: two, 3,000 rows) inserts 30,000 rows into an SQLite
-application database, one ORM flush per burst, with ids from a ticket server on the backend
-measured (its table made beforehand), then exits normally: its cache gives back what it holds.
-Burned by process k = first id of process k+1 - last id of process k - 1 (the third is followed
-by one id taken straight from the server). Target: burned / inserted <= 0.10 per process.
+Each process (smoke: two, 3,000 rows) inserts 30,000 rows into an SQLite application database,
+one ORM flush per burst, with ids from a ticket server on the backend measured, then exits
+normally. Burned by process k = first id of process k+1 - last id of process k - 1 (the third is
+followed by one id taken straight from the server). Target: burned / inserted <= 0.10.
 
     .venv/bin/python benchmarks/bench_shortlived.py [--smoke] [--backends sqlite,postgresql,mysql]
 """
@@ -19,7 +18,7 @@ from typing import Any
 
 import _harness as h
 import sqlalchemy as sa
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from sqlalchemy_tickets import TicketId, TicketServer, configure
 from sqlalchemy_tickets.sources.default import configured_source
@@ -28,11 +27,7 @@ NAME, PROCESSES, TARGET = "bench_shortlived", 3, 0.10
 BURSTS = [50, 2_000, 10_000, 100, 7_849, 10_000]  # + 1 row first: 30,000 rows
 
 
-class Base(DeclarativeBase):
-    pass
-
-
-class Job(Base):
+class Job(h.Base):
     __tablename__ = "jobs"
     id: Mapped[int] = mapped_column(TicketId("jobs"), primary_key=True)
 
@@ -42,7 +37,7 @@ def short_lived(spec: tuple[str, str, list[int]], conn: Any) -> None:
     app_url, ticket_url, bursts = spec
     configure(ticket_url)
     engine = sa.create_engine(app_url)
-    Base.metadata.create_all(engine)
+    h.Base.metadata.create_all(engine)
     first = last = 0
     for size in [1, *bursts]:
         with Session(engine) as session:
@@ -64,8 +59,8 @@ def measure(backend: str, bursts: list[int], processes: int) -> dict[str, Any]:
         h.first_contact(tickets, ["jobs"])
         runs = []
         for _ in range(processes):  # one after the other, each exiting before the next starts
-            with h.Fleet(short_lived, grace=60) as process:
-                process.start([(h.plain(app_url), h.plain(tickets), bursts)])
+            spec = (h.plain(app_url), h.plain(tickets), bursts)
+            with h.Fleet(short_lived, [spec], grace=60) as process:
                 runs += process.hear(timeout=600)
         with contextlib.closing(TicketServer(tickets, timeout=h.SETUP_TIMEOUT)) as server:
             after = server.next_id("jobs")

@@ -2,17 +2,16 @@
 latency, when P processes take small blocks at once; a baseline commit against this tree.
 
 A take is ``DatacenterTier.next_block(seq, --count)``. ``baseline`` is ``src/`` at
-``--baseline-ref`` (default ``18dfaeb``: a take was one transaction queued on the sequence's
-state row), ``new`` this tree's; each worker is a fresh interpreter with its variant's tree first
-on ``sys.path`` (the file it imports is checked). Each variant has its own databases; after an
-untimed warm-up, for each P (``--procs`` 2, 8, 24), ``--rounds`` (3) rounds alternate them. In a
-run, worker 0 stocks ~3,000,000 ids of the run's sequence; every worker builds
-``DatacenterTier(dc, upstream, supply=1, timeout=30)`` (no refill in the window), takes once
-untimed, then all take in a tight loop for ``--seconds`` (10) from one instant, collector off.
-Per run: takes/s, latencies, ``stats()`` deltas (0 waits and upstream round trips expected),
-duplicates (0, else exit 1); per P: medians over rounds, new / baseline as medians of per-round
-ratios. Check (``--strict``): time per take new / baseline <= 1 at every P. ``--smoke``: P = 2,
-1 s, one round (this tree stands in for a baseline the clone lacks).
+``--baseline-ref`` (default ``18dfaeb``), ``new`` this tree's; each worker is a fresh interpreter
+with its variant's tree first on ``sys.path``. Each variant has its own databases; for each P
+(``--procs`` 2, 8, 24), ``--rounds`` (3) rounds alternate them after an untimed warm-up. In a
+run, worker 0 stocks ~3,000,000 ids; every worker builds ``DatacenterTier(dc, upstream,
+supply=1, timeout=30)`` (no refill in the window), takes once untimed, then all take in a tight
+loop for ``--seconds`` (10) from one instant. Per run: takes/s, latencies, ``stats()`` deltas
+(0 waits and upstream round trips expected), duplicates (0, else exit 1); per P: medians over
+rounds, new / baseline as medians of per-round ratios. Check (``--strict``): time per take new /
+baseline <= 1 at every P. ``--smoke``: P = 2, 1 s, one round (this tree stands in for a
+baseline the clone lacks).
 
     .venv/bin/python benchmarks/bench_tier_take.py [--smoke] [--procs 2,8,24] [--seconds 10]
         [--count 1] [--rounds 3] [--baseline-ref 18dfaeb] [--backends postgresql,mysql]
@@ -21,11 +20,9 @@ ratios. Check (``--strict``): time per take new / baseline <= 1 at every P. ``--
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import statistics
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,8 +38,7 @@ STATS = ("blocking_waits", "upstream_round_trips", "refills", "round_trips", "fa
 
 def worker(spec: dict[str, Any], conn: Any) -> None:
     """With its variant's tree first on ``sys.path``: fill (worker 0), build a tier, take once,
-    say ready, wait for the start, take in a tight loop until the window closes, answer with
-    latencies, ids and stats deltas."""
+    then take through the window from the start it is sent; its latencies, ids, stats deltas."""
     sys.path.insert(0, spec["src"])  # before the library's first import in this interpreter
     import sqlalchemy_tickets
     from sqlalchemy_tickets import DatacenterTier, TicketsError, TicketServer
@@ -64,32 +60,16 @@ def worker(spec: dict[str, Any], conn: Any) -> None:
     tier.next_block(seq, count)
     before = tier.stats()
     conn.send("ready")
-    start = conn.recv()
-    latencies: list[float] = []
-    ids: list[int] = []
-    errors: list[str] = []
-    clock, now = time.perf_counter, time.monotonic
-    gc.collect()
-    gc.disable()
-    time.sleep(max(0.0, start - now()))
-    end = start + spec["seconds"]
-    while now() < end:
-        began = clock()
-        try:
-            block = tier.next_block(seq, count)
-        except TicketsError as error:
-            errors.append(repr(error))
-            continue
-        latencies.append(clock() - began)
-        ids.extend(block)
-    gc.enable()
+    latencies, blocks, errors = h.window(lambda: tier.next_block(seq, count), conn.recv(),
+                                         spec["seconds"], TicketsError)
     after = tier.stats()
     stock = next(s for s in tier.describe() if s.sequence == seq).stock if filled else None
     tier.close()
     upstream.close()
     conn.send({"summary": {k: v if k == "count" else v * 1e3
                            for k, v in h.distribution(latencies).items()},
-               "latencies_us": [round(x * 1e6) for x in latencies], "ids": ids,
+               "latencies_us": [round(x * 1e6) for x in latencies],
+               "ids": [i for block in blocks for i in block],
                "errors": len(errors), "first_errors": errors[:3], "stock_after": stock,
                "stats": {k: after[k] - before[k] for k in STATS}})
 
@@ -99,14 +79,13 @@ def run(src: Path, urls: dict[str, str], p: int, seq: str, count: int,
     """One run of P workers of one variant (fresh interpreters); its figures."""
     spec = {**urls, "sequence": seq, "stock": STOCK, "tier": TIER, "count": count,
             "seconds": seconds, "src": str(src)}
-    with h.Fleet(worker, grace=60) as workers:
-        workers.start([{**spec, "index": i} for i in range(p)])
+    with h.Fleet(worker, [{**spec, "index": i} for i in range(p)], grace=60) as workers:
         started = workers.hear()  # imported; worker 0 filled the stock
         libraries = sorted({s["library"] for s in started})
         if any(not lib.startswith(str(src) + os.sep) for lib in libraries):
             raise RuntimeError(f"workers imported {libraries}, not the tree at {src}")
-        workers.ask("go")  # build the tiers, one untimed take each
-        workers.tell(time.monotonic() + 0.5)  # the common start
+        workers.tell("go")  # build the tiers, one untimed take each
+        workers.go()  # the common start
         answers = workers.hear()
     ids = [i for a in answers for i in a["ids"]]
     pooled = h.distribution([x / 1e3 for a in answers for x in a["latencies_us"]])
@@ -150,13 +129,12 @@ def draw(env: dict[str, Any], results: dict[str, Any], procs: list[int]) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    def options(parser: Any) -> None:
-        parser.add_argument("--procs", default=None, help="worker counts (default 2,8,24)")
-        parser.add_argument("--seconds", type=float, default=None, help="window (default 10)")
-        parser.add_argument("--count", type=int, default=1, help="ids per take (default 1)")
-        parser.add_argument("--baseline-ref", default="18dfaeb", help="git ref of the baseline")
-
-    args = h.parse_args(__doc__, argv, options, backends=("postgresql", "mysql"))
+    args = h.parse_args(__doc__, argv, {
+        "--procs": dict(default=None, help="worker counts (default 2,8,24)"),
+        "--seconds": dict(type=float, default=None, help="window (default 10)"),
+        "--count": dict(type=int, default=1, help="ids per take (default 1)"),
+        "--baseline-ref": dict(default="18dfaeb", help="git ref of the baseline")},
+        backends=("postgresql", "mysql"))
     procs = ([int(x) for x in args.procs.split(",")] if args.procs
              else [2] if args.smoke else [2, 8, 24])
     seconds, rounds = args.seconds or (1.0 if args.smoke else 10.0), h.rounds(args, ROUNDS)

@@ -5,217 +5,146 @@ layers over the Flickr pair; the delay a caller sees when the ensemble's leader 
 
 The ensemble is started here (``tests/support/zookeeper.py``: Debian's ZooKeeper 3.8, 3 JVMs of
 128 MB on loopback, ``tickTime`` 200 ms, fsync on). Part 1: for each P (``--procs``, default
-1,8,24) and each source, P spawned processes call ``next_block(seq, 100)`` back to back for
-``--seconds`` (default 5) from one shared start instant, each call timed; blocks/s is all calls
-÷ the window, p50/p99 of the pooled latencies. Part 2: one process, ``next_id`` for
-``--seconds`` through ``CachedSource(DatacenterTier(dc, upstream))``, the datacenter database
-on PostgreSQL, upstream the ensemble or ``TicketServers([pg, mariadb])``. Part 3: one process
-calls ``next_block`` back to back on an uncached ZooKeeperSource (``timeout`` 2 s); the leader
-is SIGKILLed after 2 s; p99 and max latency over the 5 s after the kill, and errors (0
-expected). ``--smoke``: P = 1,2, 1 s.
+1,8,24) and each source, P spawned workers (``timeout`` 30 s, one untimed call each) call
+``next_block(seq, 100)`` back to back for ``--seconds`` (default 5) from one start instant;
+blocks/s is all calls ÷ the window, p50/p99 of the pooled latencies. Part 2: one process,
+``next_id`` for ``--seconds`` through ``CachedSource(DatacenterTier(dc, upstream))``, ``dc`` on
+PostgreSQL, upstream the ensemble or ``TicketServers([pg, mariadb])``. Part 3: an uncached
+ZooKeeperSource (``timeout`` 2 s) called back to back, the leader SIGKILLed after 2 s: p99 and
+max latency over the 5 s after, and errors (0 expected; ``--strict``: exit 1 otherwise).
+``--smoke``: P = 1,2, 1 s.
 
     .venv/bin/python benchmarks/bench_zookeeper.py [--smoke] [--procs 1,8,24] [--seconds 5]
 """
 
 from __future__ import annotations
 
-import argparse
-import multiprocessing
+import contextlib
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
-import _common as h
+import _harness as h
+
+import sqlalchemy_tickets as st
 
 sys.path.insert(0, str(h.REPO_DIR / "tests"))
 from support.zookeeper import start_ensemble  # noqa: E402
 
-NAME = "bench_zookeeper"
-BLOCK = 100
-SPAWN = multiprocessing.get_context("spawn")
+NAME, BLOCK = "bench_zookeeper", 100
 
 
-def _extra(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--procs", default="1,8,24", help="process counts, comma-separated")
-    parser.add_argument("--seconds", type=float, default=5.0, help="timed window per run")
+def worker(spec: dict[str, Any], conn: Any) -> None:
+    """Part 1, one process: a first call untimed, then the window's; its latencies in ms."""
+    source = (st.ZooKeeperSource(spec["hosts"], path="/bench", timeout=30.0) if "hosts" in spec
+              else st.TicketServer(spec["url"], timeout=30.0))
+    with contextlib.closing(source):
+        source.next_block(spec["sequence"], BLOCK)
+        conn.send("ready")
+        took = h.window(lambda: source.next_block(spec["sequence"], BLOCK), conn.recv(),
+                        spec["seconds"])[0]
+    conn.send([s * 1e3 for s in took])
 
 
-def _source(spec: dict[str, Any]) -> Any:
-    from sqlalchemy_tickets import TicketServer, ZooKeeperSource
-
-    if spec["kind"] == "zookeeper":
-        return ZooKeeperSource(spec["hosts"], path=spec["path"], timeout=30.0)
-    return TicketServer(spec["url"], timeout=30.0)
-
-
-def _worker(spec: dict[str, Any], sequence: str, barrier: Any, seconds: float,
-            queue: Any) -> None:
-    """Block latencies (ms) of one process, once every process made first contact."""
-    source = _source(spec)
-    try:
-        source.next_block(sequence, BLOCK)  # first contact: connect, create
-        barrier.wait(300)
-        out: list[float] = []
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            began = time.perf_counter()
-            source.next_block(sequence, BLOCK)
-            out.append((time.perf_counter() - began) * 1000)
-        queue.put(out)
-    finally:
-        source.close()
-
-
-def _run(spec: dict[str, Any], sequence: str, p: int, seconds: float) -> list[list[float]]:
-    barrier, queue = SPAWN.Barrier(p), SPAWN.Queue()
-    workers = [SPAWN.Process(target=_worker, args=(spec, sequence, barrier, seconds, queue))
-               for _ in range(p)]
-    for worker in workers:
-        worker.start()
-    runs = [queue.get(timeout=600) for _ in workers]
-    for worker in workers:
-        worker.join(60)
-    return runs
-
-
-def _blocks(specs: dict[str, dict[str, Any]], procs: list[int], seconds: float) -> dict[str, Any]:
-    results: dict[str, Any] = {}
+def blocks(specs: dict[str, dict[str, Any]], procs: list[int], seconds: float) -> dict[str, Any]:
+    """Part 1: per source and P, blocks/s and the latencies pooled over the P workers."""
+    out: dict[str, Any] = {label: {} for label in specs}
     for p in procs:
         for label, spec in specs.items():
-            runs = _run(spec, f"blocks_p{p}", p, seconds)
-            pooled = [ms for run in runs for ms in run]
-            dist = h.distribution(pooled)
-            results.setdefault(label, {})[str(p)] = {
-                "blocks_per_second": len(pooled) / seconds, "p50_ms": dist.get("p50"),
-                "p99_ms": dist.get("p99"), "max_ms": dist.get("max"), "calls": len(pooled),
-            }
+            specs_p = [{**spec, "sequence": f"blocks_p{p}", "seconds": seconds}] * p
+            with h.Fleet(worker, specs_p, grace=60) as fleet:
+                fleet.go()
+                pooled = [ms for run in fleet.hear() for ms in run]
+            d = h.distribution(pooled)
+            out[label][str(p)] = {"blocks_per_second": len(pooled) / seconds,
+                                  "p50_ms": d.get("p50"), "p99_ms": d.get("p99"),
+                                  "max_ms": d.get("max"), "calls": len(pooled)}
             h.log(f"  {label:<22} P={p:<3} {len(pooled) / seconds:9,.0f} blocks/s  "
-                  f"p50 {dist.get('p50', 0):7.2f} ms  p99 {dist.get('p99', 0):7.2f} ms")
-    return results
+                  f"p50 {d.get('p50', 0):7.2f} ms  p99 {d.get('p99', 0):7.2f} ms")
+    return out
 
 
-def _layered(dc: Any, upstream: Any, seconds: float, sequence: str) -> dict[str, Any]:
-    from sqlalchemy_tickets import CachedSource, DatacenterTier
-
-    tier = DatacenterTier(dc, upstream, supply=5.0, timeout=10.0)
-    cache = CachedSource(tier)
-    try:
-        seen = [cache.next_id(sequence) for _ in range(100)]  # warm: first refills
-        n, end = 0, time.monotonic() + seconds
-        started = time.perf_counter()
-        while time.monotonic() < end:
-            for _ in range(1000):
-                seen.append(cache.next_id(sequence))
-            n += 1000
-        elapsed = time.perf_counter() - started
-        stats = cache.stats()
-        if len(set(seen)) != len(seen):
+def layered(dc: str, upstream: Any, seconds: float, sequence: str) -> dict[str, Any]:
+    """Part 2: ids/s of ``next_id`` through a cache over a tier over ``upstream``, ids distinct."""
+    h.tier_contact(dc, upstream, [sequence], supply=5.0)
+    with st.DatacenterTier(dc, upstream, supply=5.0, timeout=10.0) as tier, \
+            st.CachedSource(tier) as cache:
+        h.loop(cache.next_id, 100, sequence)()  # warm: the cache's first refills
+        chunk = lambda: [cache.next_id(sequence) for _ in range(1000)]  # noqa: E731
+        elapsed, (_, chunks, _) = h.timed(h.window, chunk, time.monotonic(), seconds)
+        ids = [i for chunk in chunks for i in chunk]
+        if len(set(ids)) != len(ids):
             raise SystemExit("duplicate ids through the layers")
-        return {"ids_per_second": n / elapsed, "blocking_waits": stats["blocking_waits"],
-                "tier_upstream_round_trips": tier.stats()["upstream_round_trips"]}
-    finally:
-        cache.close()
-        tier.close()
+        found = {"ids_per_second": len(ids) / elapsed,
+                 "blocking_waits": cache.stats()["blocking_waits"],
+                 "tier_upstream_round_trips": tier.stats()["upstream_round_trips"]}
+    h.log(f"  {sequence:<12} {found['ids_per_second']:12,.0f} ids/s")
+    return found
 
 
-def _leader_kill(ensemble: Any, seconds_after: float) -> dict[str, Any]:
-    from sqlalchemy_tickets import ZooKeeperSource
-
-    source = ZooKeeperSource(ensemble.hosts, path="/bench-kill", timeout=2.0)
-    samples: list[tuple[float, float]] = []
-    errors = 0
-    try:
-        source.next_block("kill", BLOCK)
-        begin = time.monotonic()
-        killed_at = None
-        while time.monotonic() < (killed_at or begin + 2.0) + seconds_after:
-            if killed_at is None and time.monotonic() > begin + 2.0:
-                leader = ensemble.leader()
-                ensemble.kill(leader)
-                killed_at = time.monotonic()
-            t0 = time.perf_counter()
-            try:
-                source.next_block("kill", BLOCK)
-            except Exception:  # noqa: BLE001 - counted: the figure to report
-                errors += 1
-            samples.append((time.monotonic(), (time.perf_counter() - t0) * 1000))
-    finally:
-        source.close()
-        ensemble.start()
-        ensemble.wait_serving()
-    assert killed_at is not None
-    before = h.distribution([ms for at, ms in samples if at < killed_at])
-    after = h.distribution([ms for at, ms in samples if at >= killed_at])
-    h.log(f"  leader killed: p99 {after.get('p99', 0):.1f} ms, max {after.get('max', 0):.1f} ms"
-          f" after it (p99 {before.get('p99', 0):.1f} ms before), {errors} errors")
-    return {"before": before, "after": after, "errors": errors,
-            "window_after_s": seconds_after}
+def leader_kill(ensemble: Any, after: float) -> dict[str, Any]:
+    """Part 3: an uncached caller's ``next_block`` back to back, the leader SIGKILLed 2 s in:
+    the latencies (ms) before the kill and for ``after`` s after it, and the calls that failed
+    (counted, not timed)."""
+    with contextlib.closing(st.ZooKeeperSource(ensemble.hosts, path="/bench-kill",
+                                               timeout=2.0)) as source:
+        take = lambda: source.next_block("kill", BLOCK)  # noqa: E731
+        take()
+        early, _, errors = h.window(take, time.monotonic(), 2.0, Exception)
+        ensemble.kill(ensemble.leader())
+        late, _, more = h.window(take, time.monotonic(), after, Exception)
+    before, then = (h.distribution([s * 1e3 for s in x]) for x in (early, late))
+    h.log(f"  leader killed: p99 {then.get('p99', 0):.1f} ms, max {then.get('max', 0):.1f} ms"
+          f" after it (p99 {before.get('p99', 0):.1f} ms before), {len(errors + more)} errors")
+    return {"before": before, "after": then, "errors": len(errors + more),
+            "window_after_s": after}
 
 
-def _figure(env: dict[str, Any], blocks: dict[str, Any], layered: dict[str, Any],
-            kill: dict[str, Any]) -> Any:
-    fig, (ax1, ax2, ax3) = h.figure(3, "ZooKeeperSource: next_block from P processes; layers; "
-                                    "leader killed", env, note="one run per point",
-                                    width=5.0, height=4.5)
-    for label, per_p in blocks.items():
-        ps = [int(p) for p in per_p]
-        ax1.plot(ps, [v["blocks_per_second"] for v in per_p.values()], marker="o", label=label)
-        ax2.plot(ps, [v["p99_ms"] or 0 for v in per_p.values()], marker="o", label=label)
-    for ax, title in ((ax1, f"blocks/s (next_block of {BLOCK})"), (ax2, "p99 latency (ms)")):
-        ax.set_xlabel("processes")
-        ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=7)
-    values = {f"ids/s via {k}": v["ids_per_second"] for k, v in layered.items()}
-    values |= {"leader kill: p99 ms": kill["after"].get("p99", 0),
-               "leader kill: max ms": kill["after"].get("max", 0)}
-    h.value_panel(ax3, values, "layers (ids/s) and leader kill (ms)", "", log_scale=True)
+def draw(env: dict[str, Any], results: dict[str, Any]) -> Any:
+    fig, axes = h.figure(3, "ZooKeeperSource: next_block from P processes; layers; leader "
+                         "killed", env, note="one run per point", width=5.0, height=4.5)
+    for ax, key, unit in zip(axes, ("blocks_per_second", "p99_ms"), ("blocks/s", "ms"),
+                             strict=False):
+        h.line_panel(ax, {label: [(int(p), v[key] or 0) for p, v in per_p.items()]
+                          for label, per_p in results["blocks"].items()},
+                     f"{key.replace('_', ' ')} (next_block of {BLOCK})", unit, "processes P",
+                     base=2)
+    values = {f"ids/s via {k}": v["ids_per_second"] for k, v in results["layered"].items()}
+    values |= {f"leader kill: {k} ms": results["leader_kill"]["after"].get(k, 0)
+               for k in ("p99", "max")}
+    h.value_panel(axes[2], values, "layers (ids/s) and leader kill (ms)", "", log_scale=True)
     return fig
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = h.parse_args(__doc__, argv, _extra, backends=("postgresql", "mysql"))
+def main(argv: Sequence[str] | None = None) -> int:
+    args = h.parse_args(__doc__, argv, {
+        "--procs": dict(default="1,8,24", help="process counts, comma-separated"),
+        "--seconds": dict(type=float, default=5.0, help="timed window per run")},
+        backends=("postgresql", "mysql"), peers=("kazoo",))
     procs = [1, 2] if args.smoke else [int(p) for p in args.procs.split(",") if p]
     seconds = 1.0 if args.smoke else args.seconds
-    env = h.environment("kazoo")
-    ensemble = start_ensemble()
-    try:
-        with h.throwaway_database("postgresql") as pg, h.throwaway_database("mysql") as my, \
-                h.throwaway_database("postgresql") as pg2, \
-                h.throwaway_database("postgresql") as dc:
-            specs = {"ZooKeeper (3 servers)": {"kind": "zookeeper", "hosts": ensemble.hosts,
-                                               "path": "/bench"},
-                     "TicketServer PostgreSQL": {"kind": "server", "url": str(pg)},
-                     "TicketServer MariaDB": {"kind": "server", "url": str(my)}}
-            for spec in specs.values():  # render URLs with their passwords for the workers
-                if "url" in spec:
-                    spec["url"] = next(u for u in (pg, my)
-                                       if str(u) == spec["url"]).render_as_string(False)
-            h.log("part 1: next_block from P processes")
-            blocks = _blocks(specs, procs, seconds)
-            h.log("part 2: ids/s through CachedSource(DatacenterTier(upstream))")
-            from sqlalchemy_tickets import TicketServers, ZooKeeperSource
-
-            zk = ZooKeeperSource(ensemble.hosts, path="/bench-layers")
-            pair = TicketServers([pg2, my])
-            try:
-                layered = {"ZooKeeper": _layered(dc, zk, seconds, "layered_zk"),
-                           "Flickr pair": _layered(dc, pair, seconds, "layered_pair")}
-            finally:
-                zk.close()
-                pair.close()
-            for label, found in layered.items():
-                h.log(f"  {label:<12} {found['ids_per_second']:12,.0f} ids/s")
-            h.log("part 3: the leader killed under an uncached caller")
-            kill = _leader_kill(ensemble, 1.0 if args.smoke else 5.0)
-    finally:
-        ensemble.close()
-    results = {"blocks": blocks, "layered": layered, "leader_kill": kill}
-    checks = {"leader_kill_errors": {"median": float(kill["errors"]), "target": 0.0,
-                                     "passed": kill["errors"] == 0}}
-    return h.report(args, NAME, env=env,
-                    parameters={"procs": procs, "seconds": seconds, "block": BLOCK},
-                    results=results, checks=checks, figure=_figure(env, blocks, layered, kill))
+    with contextlib.ExitStack() as stack:  # the databases dropped, then the ensemble stopped
+        ensemble = start_ensemble()
+        stack.callback(ensemble.close)
+        pg, my, pg2, dc = h.databases(stack, "postgresql", "mysql", "postgresql", "postgresql")
+        for url in (pg, my):
+            h.first_contact(url, [f"blocks_p{p}" for p in procs])
+        h.log("part 1: next_block from P processes")
+        specs = {"ZooKeeper (3 servers)": {"hosts": ensemble.hosts},
+                 "TicketServer PostgreSQL": {"url": pg}, "TicketServer MariaDB": {"url": my}}
+        results = {"blocks": blocks(specs, procs, seconds)}
+        h.log("part 2: ids/s through CachedSource(DatacenterTier(upstream))")
+        with contextlib.closing(st.ZooKeeperSource(ensemble.hosts, path="/bench-layers")) as zk, \
+                contextlib.closing(st.TicketServers([pg2, my])) as pair:
+            results["layered"] = {"ZooKeeper": layered(dc, zk, seconds, "layered_zk"),
+                                  "Flickr pair": layered(dc, pair, seconds, "layered_pair")}
+        h.log("part 3: the leader killed under an uncached caller")
+        results["leader_kill"] = leader_kill(ensemble, 1.0 if args.smoke else 5.0)
+    return h.report(args, NAME, results, figure=draw(args.env, results), checks={
+                    "leader_kill_errors": h.check(float(results["leader_kill"]["errors"]), 0.0)},
+                    parameters={"procs": procs, "seconds": seconds, "block": BLOCK})
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

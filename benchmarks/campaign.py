@@ -2,33 +2,27 @@
 sharded application databases while a seeded nemesis kills, stops, cuts, hangs, restores and fails
 over what they depend on; a checker then reads every table.
 
-Layout: a global pair ``TicketServers([a, b])`` — ``a`` a private PostgreSQL primary with an
-asynchronous replica, ``b`` a private MariaDB (``tests/support``) — and datacenters ``dc0`` (on the
-shared PostgreSQL) and ``dc1`` (MariaDB), each holding a ``DatacenterTier``'s tables and the
-application's ``campaign_orders`` and ``campaign_lines`` (``TicketId("campaign")``; ids must be
-unique across both), each reaching each global server through a proxy of its own. ``--workers``
-processes per datacenter each ``configure(CachedSource(DatacenterTier(dc, upstream=pair)))`` (the
-tier at ``supply=10``: it meets a rewound server soon) and commit an order and two lines every
-0.25 s, logging each commit's ids, each failure's class, and each second what the cache holds.
+Layout: a global pair ``TicketServers([a, b])`` (``a`` a private PostgreSQL primary with an
+asynchronous replica, ``b`` a private MariaDB); datacenters ``dc0`` (PostgreSQL) and ``dc1``
+(MariaDB), each with a tier's tables and ``campaign_orders`` / ``campaign_lines``
+(``TicketId("campaign")``), reach each global server through proxies of their own. ``--workers``
+processes per datacenter ``configure(CachedSource(DatacenterTier(dc, upstream=pair)))`` and
+commit an order and two lines every 0.25 s, logging each commit's ids and each failure.
 
 ``--schedule random`` (default, 2 workers per datacenter, 600 s; smoke 1 and 32 s, every kind
-once): the whole schedule is drawn from ``--seed`` first — a seed names a campaign — and run one
-fault at a time, 2.5-8 s apart: ``kill_worker``, ``stop_worker`` (SIGSTOP 1-5 s),
-``kill_server`` (``a`` or ``b``, back 1-5 s later), ``stop_server`` (1-4 s), ``cut_link`` /
-``hang_link`` (a datacenter's link to a server, or both datacenters', for 2-8 s),
-``restore_global`` / ``restore_tier`` (a ticket database, or a tier's tables, restored in place
-from a dump taken earlier: all are dumped every 20 s), and once ``promote`` (``a``'s replica
-promoted after the primary, cut off, issued blocks it never saw). ``--schedule soak`` (4 workers,
-300 s; written to ``campaign_soak.json``): faults at fixed times, overlapping — a worker SIGKILLed
-every twelfth of the run, each datacenter's links cut for 15 % of it (from 20 % and 50 %:
-refused, then hung), ``b`` SIGKILLed at 75 % and back 5 s later.
+once): the schedule is drawn from ``--seed`` first (a seed names a campaign), one fault at a
+time, 2.5-8 s apart: ``kill_worker``, ``stop_worker``, ``kill_server``, ``stop_server``,
+``cut_link``, ``hang_link``, ``restore_global`` / ``restore_tier`` (from dumps taken every 20 s)
+and once ``promote`` (``a``'s replica, after the cut-off primary issued blocks it never saw).
+``--schedule soak`` (4 workers, 300 s; ``campaign_soak.json``): fixed, overlapping faults — a
+worker SIGKILLed every twelfth of the run, each datacenter's links cut for 15 % of it (refused,
+then hung), ``b`` SIGKILLed at 75 % and back 5 s later.
 
-Checks, all 0 (exit 1 otherwise): **duplicates** (an id in two tables or datacenters, or refused
-as a duplicate key), **latent duplicates** (ids in a tier's stock that a table holds, or in both
-stocks), **acknowledged rows lost**, **caller errors not ``TicketsError``**, **stalled workers**
-(30 s without a commit or a failure, or not stopped 60 s after being told), and
-with the soak, **failed inserts while the stock held ids**. Also: rewinds healed and refused,
-failed inserts, ids burned, and every fault with what it did.
+Checks, all 0 (exit 1 otherwise): **duplicates**, **latent duplicates** (ids in a tier's stock
+that a table holds, or in both stocks), **acknowledged rows lost**, **caller errors not
+``TicketsError``**, **stalled workers** (30 s without a commit or a failure, or not stopped 60 s
+after being told), and with the soak **failed inserts while the stock held ids**. Also: rewinds
+healed and refused, failed inserts, ids burned, and every fault with what it did.
 
     .venv/bin/python benchmarks/campaign.py [--smoke] [--duration 600] [--seed 1] [--workers 2]
         [--schedule random|soak] [--logs DIR]   # --logs: keep the workers' logs there
@@ -41,7 +35,6 @@ import contextlib
 import functools
 import json
 import logging
-import multiprocessing
 import os
 import random
 import re
@@ -60,19 +53,11 @@ from typing import Any
 import _harness as h
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
 sys.path.insert(0, str(h.REPO_DIR / "tests"))
-from sqlalchemy_tickets import (  # noqa: E402
-    CachedSource,
-    DatacenterTier,
-    TicketId,
-    TicketsError,
-    TicketServer,
-    TicketServers,
-    configure,
-)
-from sqlalchemy_tickets.sources.datacenter import create_datacenter_tables, describe_datacenter  # noqa: E402
+from sqlalchemy_tickets import TicketId, TicketServer, TicketServers  # noqa: E402
+from sqlalchemy_tickets.sources.datacenter import describe_datacenter  # noqa: E402
 from support.rewind import FollowingProxy, dump, pg_connect, restore, start_postgresql_pair  # noqa: E402
 from support.servers import ServerProcess, start_private_mariadb  # noqa: E402
 
@@ -103,11 +88,7 @@ PATTERNS = {k: re.compile(v) for k, v in {
 DISCARDED = re.compile(r"discarded its stock \((\d+) ids")
 
 
-class Base(DeclarativeBase):
-    pass
-
-
-class Order(Base):
+class Order(h.Base):
     __tablename__ = "campaign_orders"
     id: Mapped[int] = mapped_column(TicketId(SEQ), primary_key=True)
     worker: Mapped[int]
@@ -115,7 +96,7 @@ class Order(Base):
     lines: Mapped[list[Line]] = relationship(back_populates="order")
 
 
-class Line(Base):
+class Line(h.Base):
     __tablename__ = "campaign_lines"
     id: Mapped[int] = mapped_column(TicketId(SEQ), primary_key=True)
     order_id: Mapped[int] = mapped_column(sa.ForeignKey("campaign_orders.id"))
@@ -124,13 +105,14 @@ class Line(Base):
 
 
 # -- workers -----------------------------------------------------------------------------------
+def worker(spec: tuple[int, str, list[str], str, Any], conn: Any) -> None:
+    """A :class:`_harness.Fleet` worker, ``spec`` = ``(slot, dc, pair, log_path, stop)``: an order
+    with its lines committed every ``TICK`` until ``stop`` is set, JSON lines logged: ``C`` per
+    commit (its ids), ``F`` per failed commit, ``H`` once a second (ids held, rewinds, ids the
+    tier burned), ``E`` at a clean exit (every ``stats()``); WARNINGs to ``<log_path>.err``."""
+    from sqlalchemy_tickets import CachedSource, DatacenterTier, TicketsError, configure
 
-
-def worker(slot: int, dc: str, pair: list[str], log_path: str, stop: Any) -> None:
-    """Commit an order with its lines every ``TICK`` until ``stop`` is set, logging JSON lines:
-    ``C`` per commit (its ids), ``F`` per failed commit, ``H`` once a second (ids held, rewinds,
-    ids the tier burned), ``E`` at a clean exit (with every ``stats()``). WARNINGs go to the
-    same path with ``.err``."""
+    slot, dc, pair, log_path, stop = spec
     logging.basicConfig(filename=str(Path(log_path).with_suffix(".err")), level=logging.WARNING,
                         format="%(created).3f %(levelname)s %(name)s %(message)s")
     pair_source = TicketServers(pair, backoff=0.5, max_backoff=2.0)
@@ -173,9 +155,8 @@ def worker(slot: int, dc: str, pair: list[str], log_path: str, stop: Any) -> Non
         configure(None)
         burned = cache.close()
         tier.close()
-        write("E", burned=burned, **figures(), stats={"cache": cache.stats(),
-                                                      "tier": tier.stats(),
-                                                      "pair": pair_source.stats()})
+        write("E", burned=burned, **figures(), stats={
+            k: v.stats() for k, v in (("cache", cache), ("tier", tier), ("pair", pair_source))})
         pair_source.close()
         engine.dispose()
         os.close(fd)
@@ -192,8 +173,7 @@ def read_log(path: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def read_warnings(path: Path) -> tuple[Counter[str], int]:
-    """A worker's WARNING lines counted by what they say, and the ids of the tier stocks it
-    discarded."""
+    """A worker's WARNING lines counted by what they say; the ids of tier stocks it discarded."""
     lines = path.read_text(errors="replace").splitlines() if path.exists() else []
     found = Counter(k for line in lines for k, pattern in PATTERNS.items() if pattern.search(line))
     return found, sum(int(m.group(1)) for m in map(DISCARDED.search, lines) if m)
@@ -235,8 +215,6 @@ def read_db(dc: str, sql: Any) -> list[Any]:
 
 
 # -- the schedule ------------------------------------------------------------------------------
-
-
 @dataclass
 class Fault:
     at: float  # planned start, seconds into the run
@@ -300,15 +278,12 @@ def schedule(rng: random.Random, duration: float, smoke: bool, slots: int,
 
 
 # -- the campaign: layout, workers, nemesis -----------------------------------------------------
-
-
 class Campaign:
-    """The layout — private servers (stopped with ``stack``), datacenter databases, a proxy per
-    datacenter and global server — the workers, by slot (``slot % 2`` is the datacenter), and the
-    nemesis: a thread running the schedule, one fault at a time (each in a thread of its own when
-    ``overlap``: the soak's overlap), dumping every server and tier every ``dump_every`` s in
-    between. Each fault is recorded with its start, end, target, what it did and any error; a
-    fault that fails does not stop the campaign."""
+    """The layout (private servers stopped with ``stack``, datacenter databases, a proxy per
+    datacenter and global server), the workers by slot (``slot % 2`` is the datacenter) and the
+    nemesis: a thread running the schedule one fault at a time (each in a thread of its own when
+    ``overlap``, the soak's), dumping every server and tier in between. Each fault is recorded
+    with its start, end, what it did and any error; one that fails does not stop the campaign."""
 
     def __init__(self, stack: contextlib.ExitStack, args: argparse.Namespace, logs: Path) -> None:
         self.workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(
@@ -323,18 +298,17 @@ class Campaign:
         self.a_url, self.a_replica_url = self.pg.database_urls("campaign_global")
         self.b = start_private_mariadb(self.workdir / "b")
         stack.callback(halt, self.b)
-        admin = sa.create_engine(self.b.url, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
+        with sa.create_engine(self.b.url, isolation_level="AUTOCOMMIT",
+                              poolclass=sa.pool.NullPool).connect() as conn:
             conn.exec_driver_sql("CREATE DATABASE campaign_global")
-        admin.dispose()
         self.b_url, self.promoted = self.b.url + "campaign_global", False
         self.dcs = h.databases(stack, "postgresql", "mysql")
         self.proxies = [{s: stack.enter_context(FollowingProxy.for_url(u))
                          for s, u in (("a", self.a_url), ("b", self.b_url))} for _ in self.dcs]
         self.args, self.logs, self.smoke = args, logs, args.smoke
-        self.ctx = multiprocessing.get_context("spawn")
-        self.stop_workers, self.stop = self.ctx.Event(), threading.Event()
-        self.live: dict[int, tuple[Any, Path]] = {}
+        self.fleet = stack.enter_context(h.Fleet(worker))  # the first to go when the stack closes
+        self.stop_workers, self.stop = self.fleet.ctx.Event(), threading.Event()
+        self.live: dict[int, tuple[Any, Path]] = {}  # slot -> its worker process, its log
         self.dc_of: dict[Path, int] = {}  # every worker's log, in the order they started
         self.kills: list[dict[str, Any]] = []
         self.done: list[dict[str, Any]] = []
@@ -346,21 +320,14 @@ class Campaign:
         (self.workdir / "dumps").mkdir()
 
     def prepare(self) -> list[tuple[int, int]]:
-        """Tables and the sequence's first contact everywhere (set-up timeouts); each global
-        server's last id."""
+        """Tables and first contact everywhere (set-up timeouts); each global server's last id."""
         with contextlib.closing(TicketServers([self.a_url, self.b_url],
                                               timeout=h.SETUP_TIMEOUT)) as pair:
             pair.next_id(SEQ)
             pair.next_id(SEQ)
             for dc in self.dcs:
-                engine = sa.create_engine(dc)
-                Base.metadata.create_all(engine)
-                engine.dispose()
-                create_datacenter_tables(dc, timeout=h.SETUP_TIMEOUT)
-                with DatacenterTier(dc, upstream=pair, **{**TIER_OPTIONS,
-                                                          "timeout": h.SETUP_TIMEOUT}) as tier:
-                    tier.next_id(SEQ)
-                    tier.wait_idle(30.0)
+                h.Base.metadata.create_all(sa.create_engine(dc, poolclass=sa.pool.NullPool))
+                h.tier_contact(dc, pair, [SEQ], **TIER_OPTIONS)
         self.pg.wait_caught_up()
         return [last_id(url) for url in (self.a_url, self.b_url)]
 
@@ -374,22 +341,17 @@ class Campaign:
         return self.b if name == "b" else self.pg.replica if self.promoted else self.pg.primary
 
     # -- workers -------------------------------------------------------------------------------
-
     def start(self, slot: int) -> None:
         dc = slot % 2
         with self.lock:
             path = self.logs / f"worker{slot}_{len(self.dc_of):03d}.log"
             self.dc_of[path] = dc
             pair = [self.proxies[dc][s].url(self.url(s)) for s in "ab"]
-        process = self.ctx.Process(target=worker, name=f"campaign-worker{slot}", args=(
-            slot, self.dcs[dc], pair, str(path), self.stop_workers))
-        process.start()
-        with self.lock:
-            self.live[slot] = (process, path)
+            index = self.fleet.start([(slot, self.dcs[dc], pair, str(path), self.stop_workers)])
+            self.live[slot] = (self.fleet.workers[index[0]][0], path)
 
     def stop_all(self, timeout: float) -> list[str]:
-        """Stop every worker cleanly; those alive after ``timeout`` are named (a finding) and
-        killed."""
+        """Stop every worker cleanly; those alive after ``timeout``, named (a finding), killed."""
         self.stop_workers.set()
         unclean, deadline = [], time.monotonic() + timeout
         for process, path in list(self.live.values()):
@@ -398,17 +360,10 @@ class Campaign:
             process.join(max(0.1, deadline - time.monotonic()))
             if process.is_alive():
                 unclean.append(path.name)
-        self.kill_all()
+                process.kill()
         return unclean
 
-    def kill_all(self) -> None:
-        for process, _ in list(self.live.values()):
-            if process.is_alive():
-                process.kill()
-                process.join(10)
-
     # -- the nemesis ---------------------------------------------------------------------------
-
     def nemesis(self, faults: list[Fault], until: float, overlap: bool) -> None:
         try:
             running = []
@@ -465,7 +420,6 @@ class Campaign:
             send(pid, signal.SIGCONT)
 
     # -- the faults, one method each -----------------------------------------------------------
-
     def kill_worker(self, slot: int) -> dict[str, Any]:
         with self.lock:
             process, path = self.live[slot]
@@ -566,7 +520,6 @@ class Campaign:
                 "crashed_at": crashed_at, "failover_seconds": self.now() - crashed_at}
 
     # -- the run -------------------------------------------------------------------------------
-
     def run(self) -> dict[str, Any]:
         args, slots = self.args, 2 * self.args.workers
         faults = schedule(random.Random(args.seed), args.duration, args.smoke, slots,
@@ -575,31 +528,28 @@ class Campaign:
         until = args.duration - (2 if args.smoke else 10)
         nemesis = threading.Thread(target=self.nemesis, name="nemesis", daemon=True,
                                    args=(faults, until, args.schedule == "soak"))
+        for slot in range(slots):  # killed, if the run fails, when the stack closes
+            self.start(slot)
+        deadline = time.monotonic() + 180
+        while not all(p.exists() for p in self.dc_of):  # every worker running: the clock
+            if time.monotonic() > deadline:
+                raise RuntimeError("the workers did not start within 180 s")
+            time.sleep(0.1)
+        self.t0 = time.monotonic()
+        nemesis.start()
+        samples: list[dict[str, Any]] = []
         try:
-            for slot in range(slots):
-                self.start(slot)
-            deadline = time.monotonic() + 180
-            while not all(p.exists() for p in self.dc_of):  # every worker running: the clock
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the workers did not start within 180 s")
-                time.sleep(0.1)
-            self.t0 = time.monotonic()
-            nemesis.start()
-            samples: list[dict[str, Any]] = []
-            try:
-                while (now := self.now()) < args.duration:
-                    if now >= len(samples) * (2.0 if args.smoke else 5.0):
-                        samples.append({"t": now, "load": h.load()})
-                        with contextlib.suppress(Exception):
-                            samples[-1]["stock"] = [stock(dc) for dc in self.dcs]
-                    time.sleep(0.2)
-            finally:
-                self.stop.set()
-                nemesis.join(120)  # the fault under way finishes (bounded by its duration)
-            stopping = time.monotonic()
-            unclean = self.stop_all(60)
+            while (now := self.now()) < args.duration:
+                if now >= len(samples) * (2.0 if args.smoke else 5.0):
+                    samples.append({"t": now, "load": h.load()})
+                    with contextlib.suppress(Exception):
+                        samples[-1]["stock"] = [stock(dc) for dc in self.dcs]
+                time.sleep(0.2)
         finally:
-            self.kill_all()
+            self.stop.set()
+            nemesis.join(120)  # the fault under way finishes (bounded by its duration)
+        stopping = time.monotonic()
+        unclean = self.stop_all(60)
         return {"t0": self.t0, "end": self.now(), "faults": self.done,
                 "faults_not_run": [vars(f) for f in faults if f.at >= until][:50],
                 "dumps": {k: [(round(t, 1), p.name) for t, p in v] for k, v in self.dumps.items()},
@@ -720,8 +670,8 @@ def analyse(c: Campaign, base: list[tuple[int, int]], stock0: list[int],
 
 
 def draw(env: dict[str, Any], res: dict[str, Any], duration: float, title: str) -> Any:
-    """Rows per second in each datacenter over the run, above a timeline of the faults (a row
-    per kind), the failed inserts and the commits of duplicated ids."""
+    """Rows per second in each datacenter, above a timeline of the faults (a row per kind), the
+    failed inserts and the commits of duplicated ids."""
     fig, (a1, a2) = h.pyplot().subplots(2, 1, figsize=(12, 7.5), sharex=True)
     fig.suptitle(f"{title}: {res['rows_written']:,} rows, {res['duplicates']} duplicates, "
                  f"{res['rows_lost']} lost, {res['failed_inserts']} failed inserts, "
@@ -755,13 +705,12 @@ def draw(env: dict[str, Any], res: dict[str, Any], duration: float, title: str) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    def extra(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--duration", type=float, default=None, help="seconds (600; soak 300)")
-        parser.add_argument("--workers", type=int, default=None, help="per datacenter (2; soak 4)")
-        parser.add_argument("--schedule", choices=("random", "soak"), default="random")
-        parser.add_argument("--logs", type=Path, default=None, help="keep worker logs here")
-
-    args = h.parse_args(__doc__, argv, extra, backends=("postgresql", "mysql"))
+    args = h.parse_args(__doc__, argv, {
+        "--duration": dict(type=float, default=None, help="seconds (600; soak 300)"),
+        "--workers": dict(type=int, default=None, help="per datacenter (2; soak 4)"),
+        "--schedule": dict(choices=("random", "soak"), default="random"),
+        "--logs": dict(type=Path, default=None, help="keep worker logs here")},
+        backends=("postgresql", "mysql"))
     soak = args.schedule == "soak"
     args.duration = args.duration or (32.0 if args.smoke else 300.0 if soak else 600.0)
     args.workers = args.workers or (1 if args.smoke else 4 if soak else 2)
