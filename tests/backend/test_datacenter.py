@@ -650,3 +650,54 @@ def test_a_stalled_refiller_loses_its_claim_and_its_late_block_is_kept(
         gated.gate.set()
         stalled.close()
         other.close()
+
+
+@pytest.mark.backend("postgresql", "mysql")
+def test_a_young_tier_stocks_its_supply_and_rides_out_an_outage(
+    backend: str, make_database: Any, proxied_upstream: tuple[TcpProxy, str]
+) -> None:
+    """A tier warmed for a few seconds holds about ``supply`` seconds of ids at the rate it
+    sees (not the 1,000 ids of its first refill), so callers drawing at that rate keep getting
+    ids from the stock through an outage of the global tier shorter than half of it."""
+    proxy, upstream_url = proxied_upstream
+    supply, per_call, pause = 8.0, 50, 0.05
+    upstream = TicketServer(upstream_url, timeout=1.0)
+    tier = DatacenterTier(make_database(backend), upstream, supply=supply, timeout=1.0,
+                          max_backoff=0.5)
+    try:
+        started = time.monotonic()
+        drawn: list[int] = []
+
+        def draw_for(seconds: float, every: float = pause) -> None:
+            until = time.monotonic() + seconds
+            while time.monotonic() < until:
+                drawn.extend(tier.next_block("photos", per_call))
+                threading.Event().wait(every)
+
+        draw_for(3.0)
+        rate = len(drawn) / (time.monotonic() - started)
+        # The stock reaches supply seconds at the rate the tier measured (its own estimate,
+        # sampled once a second from every process's takes), within a refill or two.
+        deadline = time.monotonic() + 20
+        while True:
+            status = tier.describe()[0]
+            if status.rate > 0 and status.stock >= 0.8 * supply * status.rate:
+                break
+            assert time.monotonic() < deadline, (
+                f"stock {status.stock} stayed under {supply:g} s at {status.rate:.0f} ids/s")
+            draw_for(0.2)
+        assert status.rate >= 0.5 * rate, (status.rate, rate)
+        proxy.refuse()  # the global tier goes away
+        before = len(drawn)
+        try:
+            # At the rate the tier saw (it cannot know another): no call fails, the stock
+            # carries the datacenter.
+            draw_for(supply / 2, every=per_call / status.rate)
+        except TicketServerUnavailable:
+            raise AssertionError(f"stock {status.stock} at {status.rate:.0f} ids/s ran out "
+                                 f"after {len(drawn) - before} ids") from None
+        assert len(drawn) == len(set(drawn))
+    finally:
+        proxy.forward()
+        tier.close()
+        upstream.close()
