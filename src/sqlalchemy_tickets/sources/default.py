@@ -143,7 +143,9 @@ def embedded_source(app_engine: Engine) -> CachedSource:
         ))
         _embedded[app_engine] = found
         if not event.contains(app_engine, "engine_disposed", _on_engine_disposed):
-            event.listen(app_engine, "engine_disposed", _on_engine_disposed)
+            # First: the ids are given back on the connections still open, before the
+            # library's pool on that database is closed with the engine.
+            event.listen(app_engine, "engine_disposed", _on_engine_disposed, insert=True)
         # The process's exit closes what is still open (caches first, then servers).
         weakref.finalize(app_engine, _on_engine_collected, found).atexit = False
     return found.cache
