@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._hooks import when_first_cache_opens as _when_first_cache_opens
 from .columns import UUID7, ObjectId, PrefixedId, SnowflakeId, TicketId
 from .errors import (
     CommitOutcomeUnknownError,
@@ -21,7 +22,6 @@ from .errors import (
     UnknownSequenceError,
 )
 from .prefix_lookup import async_lookup, lookup
-from .sources import _open as _caches
 
 if TYPE_CHECKING:
     from ._reset import drop_ticket_tables
@@ -70,7 +70,7 @@ def _enable_metrics() -> None:
     enable_if_installed()
 
 
-_caches.when_first_open(_enable_metrics)
+_when_first_cache_opens(_enable_metrics)
 
 
 def __getattr__(name: str) -> object:

@@ -7,15 +7,11 @@ when closed. Its own module, so that neither :mod:`~sqlalchemy_tickets.metrics` 
 
 from __future__ import annotations
 
-import logging
 import threading
 import weakref
-from collections.abc import Callable
 from typing import Any, Protocol
 
-from .. import _process
-
-logger = logging.getLogger("sqlalchemy_tickets")
+from .. import _hooks, _process
 
 
 class _Counted(Protocol):
@@ -32,36 +28,11 @@ _retired: dict[str, dict[str, int]] = {}
 _lock = threading.Lock()
 
 
-_first_open: list[Callable[[], None]] = []
-_opened = False
-
-
-def when_first_open(hook: Callable[[], None]) -> None:
-    """Call ``hook()`` when the process's first cache opens (at once if one has): how the
-    package switches metrics on without the caches importing them."""
-    with _lock:
-        _first_open.append(hook)
-        already = _opened
-    if already:
-        _run(hook)
-
-
-def _run(hook: Callable[[], None]) -> None:
-    try:
-        hook()
-    except Exception:  # a hook must never stop a cache from working
-        logger.exception("a hook run when the first cache opened failed")
-
-
 def register(cache: _Counted) -> None:
     """``cache`` is open: metrics count it, and it closes at exit."""
-    global _opened
     with _lock:
         _open.add(cache)
-        first, _opened = not _opened, True
-        hooks = list(_first_open) if first else []
-    for hook in hooks:
-        _run(hook)
+    _hooks.cache_opened()
 
 
 def retire(cache: _Counted) -> None:
