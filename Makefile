@@ -30,6 +30,11 @@ SUITE_JOBS ?= 3
 SUITE_1_FILES = $(sort $(wildcard tests/backend/test_[a-f]*.py))
 SUITE_RUNS = $(if $(strip $(PYTEST_ARGS)),suite,suite-1 suite-2)
 export TICKETS_TEST_REQUIRE_ALL ?= 1
+# The suites start hundreds of interpreters (the command line, Alembic, worker processes): the
+# packages are compiled once when a venv is made (--compile-bytecode) and the project's own
+# modules by the first interpreter that imports them, whatever PYTHONDONTWRITEBYTECODE says
+# (each interpreter would otherwise compile everything again, about a second each).
+unexport PYTHONDONTWRITEBYTECODE
 
 # The newest Python here (python3.N on PATH, or installed by pyenv): the newest-versions run,
 # in .venv, uses it; the lowest-versions run uses the lowest that requires-python allows.
@@ -51,7 +56,7 @@ LOWEST_PYTHON ?= $(shell for p in python$(LOWEST_PYTHON_VERSION) \
 $(BIN)/activate: pyproject.toml | driver-deps
 	$(NEWEST_PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip uv
-	$(UV_PIP) install --quiet --upgrade --python $(BIN)/python -e '.[dev]'
+	$(UV_PIP) install --quiet --upgrade --compile-bytecode --python $(BIN)/python -e '.[dev]'
 	touch $(BIN)/activate
 
 demo:
@@ -91,7 +96,7 @@ $(LOWEST_VENV)/bin/activate: pyproject.toml | $(BIN)/activate driver-deps
 	rm -rf $(LOWEST_VENV)
 	$(BIN)/python -m uv venv --quiet --python $(LOWEST_PYTHON) $(LOWEST_VENV)
 	$(BIN)/python tests/install/lowest.py constraints > $(LOWEST_VENV)/constraints.txt
-	$(UV_PIP) install --quiet --python $(LOWEST_VENV)/bin/python -e '.[dev]' \
+	$(UV_PIP) install --quiet --compile-bytecode --python $(LOWEST_VENV)/bin/python -e '.[dev]' \
 	  --constraint $(LOWEST_VENV)/constraints.txt
 	touch $(LOWEST_VENV)/bin/activate
 
