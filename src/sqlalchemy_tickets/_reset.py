@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from . import _schema
 from ._naming import STAMP_TABLE, ticket_table
+from ._schema import TableSpec
 from .columns import TicketId
 from .dialects._connect import engine_of
-from .dialects.base import TableSpec
 from .errors import TicketsError
 from .sources.default import configured_source, forget_embedded
 from .sources.server import TicketServer
@@ -64,8 +65,8 @@ def drop_ticket_tables(
             stamps = STAMP_TABLE in server.backend.existing_tables(conn, [STAMP_TABLE])
             for sequence, bits in sorted(wanted, key=lambda key: (key[0] or "", key[1])):
                 tickets = ticket_table(sequence, bits, server.table_template)
-                for statement in server.backend.drop_statements(TableSpec(tickets),
-                                                                stamps=stamps):
+                for statement in _schema.drop_statements(server.backend, [TableSpec(tickets)],
+                                                         stamps=stamps):
                     conn.execute(statement)
                 dropped.append(tickets.name)
     finally:

@@ -42,7 +42,7 @@ from ..errors import TicketsError
 # The dialect modules are imported when an operation runs, not when the operations are
 # registered (every `import alembic` does that, through the package's plugin entry point).
 if TYPE_CHECKING:
-    from ..dialects.base import TableSpec
+    from .._schema import TableSpec
 
 __all__ = [
     "CreateDatacenterTablesOp",
@@ -133,7 +133,7 @@ class CreateTicketTableOp(_TicketTableOp):
     @property
     def spec(self) -> TableSpec:
         """What the backend needs to build the DDL and the seed row."""
-        from ..dialects.base import TableSpec
+        from .._schema import TableSpec
 
         return TableSpec(self.ticket_table, self.start, self.increment, self.offset)
 
@@ -293,7 +293,7 @@ class CreateTicketTablesOp(_TicketTablesOp):
     @property
     def specs(self) -> list[TableSpec]:
         """What the backend needs to build each table's DDL and seed row."""
-        from ..dialects.base import TableSpec
+        from .._schema import TableSpec
 
         return [
             TableSpec(table, self.start, self.increment, self.offset)

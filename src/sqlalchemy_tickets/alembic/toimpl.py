@@ -1,8 +1,9 @@
 """How the ticket-table operations run: online on the migration's connection, offline as SQL text.
 
-The statements come from the backend of the migration's dialect (the same DDL and seed row that
-:meth:`TicketServer.create_tables <sqlalchemy_tickets.TicketServer.create_tables>` runs) and go
-through ``operations.execute`` one by one, so that ``alembic upgrade --sql`` prints them. Online,
+The statements come from the schema module (``sqlalchemy_tickets._schema``: the same DDL and
+seed row that :meth:`TicketServer.create_tables <sqlalchemy_tickets.TicketServer.create_tables>`
+runs), built for the backend of the migration's dialect, and go through ``operations.execute``
+one by one, so that ``alembic upgrade --sql`` prints them. Online,
 the backend's ``check_create`` runs first (on MySQL/MariaDB it compares a Flickr table's
 requested stride with the server's ``auto_increment_increment``/``auto_increment_offset`` and
 raises :class:`~sqlalchemy_tickets.StrideMismatchError` before anything is created), and tables
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from alembic.operations import Operations
 
-from .._naming import STAMP_TABLE, tier_tables
+from .._naming import STAMP_TABLE, TicketTable
 from .ops import (
     CreateDatacenterTablesOp,
     CreateTicketTableOp,
@@ -38,11 +39,13 @@ from .ops import (
     _NoOp,
 )
 
-# The dialect modules and the sources that make the statements are imported when an operation
-# runs: this module registers the implementations, and every `import alembic` loads it through
-# the package's plugin entry point.
+# The schema module and the dialect modules are imported when an operation runs: this module
+# registers the implementations, and every `import alembic` loads it through the package's plugin
+# entry point. Nothing of the runtime sources is imported: the statements are the schema
+# module's.
 if TYPE_CHECKING:
-    from ..dialects.base import TableSpec, TicketBackend
+    from .._schema import TableSpec
+    from ..dialects.base import TicketBackend
 
 #: Seconds a batch created in an autocommit block waits for another creator's locks (a
 #: migration has no timeout of its own; the ticket servers' clients hold them for milliseconds).
@@ -97,14 +100,16 @@ def create_ticket_tables(operations: Operations, operation: CreateTicketTablesOp
 
 
 def _create_ticket_tables(operations: Operations, specs: Sequence[TableSpec]) -> None:
+    from .. import _schema
+
     backend = _backend(operations)
     # Build every statement before running any: a spec the backend refuses (e.g. a stride on a
     # Flickr table where the server cannot supply one) fails with nothing written.
-    statements = {spec.table.name: backend.create_statements(spec) for spec in specs}
+    statements = {spec.table.name: _schema.create_statements(backend, spec) for spec in specs}
     # The stamp table goes with the ticket tables: the application's role, which may not
     # create tables, records their identities there (rewinds, docs/rewinds.md).
     if operations.get_context().as_sql:
-        _emit_all(operations, backend.stamp_statements())
+        _emit_all(operations, _schema.stamp_statements(backend))
         for spec in specs:
             _offline_stride_note(operations, backend, spec)
             _emit_all(operations, statements[spec.table.name])
@@ -114,7 +119,7 @@ def _create_ticket_tables(operations: Operations, specs: Sequence[TableSpec]) ->
         backend.check_create(bind, spec)
     existing = backend.existing_tables(bind, [*statements, STAMP_TABLE])
     if STAMP_TABLE not in existing:
-        _emit_all(operations, backend.stamp_statements())
+        _emit_all(operations, _schema.stamp_statements(backend))
     missing = [spec for spec in specs if spec.table.name not in existing]
     if bind.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
         for spec in missing:
@@ -146,21 +151,21 @@ def _offline_stride_note(operations: Operations, backend: TicketBackend, spec: T
 
 @Operations.implementation_for(DropTicketTableOp)
 def drop_ticket_table(operations: Operations, operation: DropTicketTableOp) -> None:
-    from ..dialects.base import TableSpec
-
-    backend = _backend(operations)
-    _emit_all(operations, backend.drop_statements(
-        TableSpec(operation.ticket_table), stamps=_has_stamps(operations, backend)))
+    _drop_ticket_tables(operations, [operation.ticket_table])
 
 
 @Operations.implementation_for(DropTicketTablesOp)
 def drop_ticket_tables(operations: Operations, operation: DropTicketTablesOp) -> None:
-    from ..dialects.base import TableSpec
+    _drop_ticket_tables(operations, operation.ticket_tables)
+
+
+def _drop_ticket_tables(operations: Operations, tables: Sequence[TicketTable]) -> None:
+    from .. import _schema
 
     backend = _backend(operations)
-    specs = [TableSpec(table) for table in operation.ticket_tables]
-    _emit_all(operations, backend.drop_statements(
-        *specs, stamps=_has_stamps(operations, backend)))
+    specs = [_schema.TableSpec(table) for table in tables]
+    _emit_all(operations, _schema.drop_statements(
+        backend, specs, stamps=_has_stamps(operations, backend)))
 
 
 def _has_stamps(operations: Operations, backend: TicketBackend) -> bool:
@@ -172,12 +177,12 @@ def _has_stamps(operations: Operations, backend: TicketBackend) -> bool:
 
 @Operations.implementation_for(SyncTicketSequenceOp)
 def sync_ticket_sequence(operations: Operations, operation: SyncTicketSequenceOp) -> None:
-    from ..dialects.base import TableSpec
+    from .. import _schema
 
     backend = _backend(operations)
-    spec = TableSpec(operation.ticket_table)
-    t = backend.table(spec)
-    if backend.seed_row(spec) is None:
+    spec = _schema.TableSpec(operation.ticket_table)
+    t = _schema.ticket_table(backend, spec)
+    if _schema.seed_row(backend, spec) is None:
         # Flickr's table on MySQL/MariaDB starts without its row (the first REPLACE INTO makes
         # it), and an UPDATE of no row would move nothing: make the row as a legacy client
         # would, which costs one id that nobody gets.
@@ -190,10 +195,11 @@ def sync_ticket_sequence(operations: Operations, operation: SyncTicketSequenceOp
 
 @Operations.implementation_for(RestrideTicketTableOp)
 def restride_ticket_table(operations: Operations, operation: RestrideTicketTableOp) -> None:
-    from ..dialects.base import TableSpec, last_id_below
+    from .. import _schema
+    from ..dialects.base import last_id_below
 
     backend = _backend(operations)
-    t = backend.table(TableSpec(operation.ticket_table))
+    t = _schema.ticket_table(backend, _schema.TableSpec(operation.ticket_table))
     floor = sa.case((t.c.id > operation.above, t.c.id), else_=operation.above)
     inc, off = operation.increment, operation.offset
     last = last_id_below(floor + 1, inc, off)
@@ -207,43 +213,38 @@ def _no_op(operations: Operations, operation: _NoOp) -> None:
 
 @Operations.implementation_for(CreateWorkerLeaseTableOp)
 def create_worker_lease_table(operations: Operations, operation: CreateWorkerLeaseTableOp) -> None:
-    from ..sources.lease import lease_table_statements
+    from .._schema import lease_table_statements
 
     _emit_all(operations, lease_table_statements(name=operation.name))
 
 
 @Operations.implementation_for(DropWorkerLeaseTableOp)
 def drop_worker_lease_table(operations: Operations, operation: DropWorkerLeaseTableOp) -> None:
-    from ..sources.lease import drop_lease_table_statements
+    from .._schema import drop_lease_table_statements
 
     _emit_all(operations, drop_lease_table_statements(name=operation.name))
 
 
 @Operations.implementation_for(CreateDatacenterTablesOp)
 def create_datacenter_tables(operations: Operations, operation: CreateDatacenterTablesOp) -> None:
-    from ..sources.datacenter import datacenter_table_statements
+    from .. import _schema
 
     context = operations.get_context()
-    _emit_all(operations, datacenter_table_statements(
-        dialect=context.dialect.name, table_prefix=operation.table_prefix
-    ))
+    backend = _backend(operations)
+    _emit_all(operations, _schema.tier_statements(backend, operation.names))
     if context.as_sql:
         _comment(operations, "tier tables made by a release before 0.4 need the columns of "
                  "the one-statement take: run this migration online, or `sqlalchemy-tickets "
                  "init --url URL --datacenter-tier`, to add them")
         return
     # Tables made by an older release: the columns of the one-statement take are added.
-    backend = _backend(operations)
-    _, state = backend.tier_tables(tier_tables(operation.table_prefix))
+    _, state = _schema.tier_tables(backend, operation.names)
     for _, ddl in backend.missing_columns(operations.get_bind(), state):
         operations.execute(ddl)
 
 
 @Operations.implementation_for(DropDatacenterTablesOp)
 def drop_datacenter_tables(operations: Operations, operation: DropDatacenterTablesOp) -> None:
-    from ..sources.datacenter import drop_datacenter_table_statements
+    from .. import _schema
 
-    dialect = operations.get_context().dialect.name
-    _emit_all(operations, drop_datacenter_table_statements(
-        dialect=dialect, table_prefix=operation.table_prefix
-    ))
+    _emit_all(operations, _schema.drop_tier_statements(_backend(operations), operation.names))

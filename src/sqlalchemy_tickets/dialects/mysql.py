@@ -135,29 +135,6 @@ class MySQLBackend(TicketBackend):
         error: Exception = dbapi.OperationalError(_CANNOT_CONNECT, message)
         return error
 
-    def flickr_table(self, spec: TableSpec, metadata: sa.MetaData) -> sa.Table:
-        unsigned: sa.types.TypeEngine[int] = (
-            mysql.BIGINT(20, unsigned=True)
-            if spec.table.bits == 64
-            else mysql.INTEGER(10, unsigned=True)
-        )
-        return sa.Table(
-            spec.table.name,
-            metadata,
-            sa.Column("id", unsigned, primary_key=True, autoincrement=True),
-            sa.Column("stub", sa.CHAR(1), nullable=False, server_default=""),
-            sa.UniqueConstraint("stub", name="stub"),
-            # The mariadb dialect reads only mariadb_* options, the mysql dialect mysql_*.
-            mysql_engine=spec.storage_engine,
-            mysql_auto_increment=str(spec.first_id),
-            mariadb_engine=spec.storage_engine,
-            mariadb_auto_increment=str(spec.first_id),
-        )
-
-    def seed_row(self, spec: TableSpec) -> dict[str, Any] | None:
-        # Flickr's table starts empty: the first REPLACE INTO creates the row.
-        return None if spec.table.flickr else super().seed_row(spec)
-
     def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
         return sa.insert(table).values(**row).prefix_with("IGNORE")
 

@@ -1,0 +1,346 @@
+"""The library's tables, in one place: what they are (Core ``Table`` objects) and the statements
+that make and drop them.
+
+- a **ticket table** per sequence (``tickets__photos``, Flickr's ``Tickets64``/``Tickets32``)
+  and the seed row it starts with;
+- the **stamp table** (``tickets_stamps``), one per database, where the library records each
+  ticket table's and datacenter tier's identity and the tiers' upstream marks
+  (``docs/rewinds.md``);
+- a **datacenter tier's** two tables (``<prefix>__stock``, ``<prefix>__state``);
+- the **worker-lease table** of ``SnowflakeId`` (``tickets_worker_leases``).
+
+Every path that makes or drops them takes its statements from here: the Alembic operations
+(online and in ``--sql`` scripts), ``TicketServer.create_tables`` / ``init``, the datacenter
+tier, ``create_lease_table``, ``drop_ticket_tables``. Pure: functions of a backend (the few
+facts of a database that the DDL depends on, :class:`SchemaBackend`) and names, building
+SQLAlchemy constructs; no connection, no thread. The backends of ``dialects/`` use them, so
+this module imports nothing of ``dialects/`` (nor of ``sources/``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+
+from ._naming import (
+    MAX_SEQUENCE_LENGTH,
+    STAMP_NAME_LENGTH,
+    STAMP_TABLE,
+    TicketTable,
+    TierTables,
+    first_id,
+)
+from .errors import TicketsError
+
+__all__ = [
+    "DEFAULT_LEASE_TABLE",
+    "SchemaBackend",
+    "TableSpec",
+    "create_statements",
+    "drop_lease_table_statements",
+    "drop_statements",
+    "drop_tier_statements",
+    "forget_statements",
+    "lease_table",
+    "lease_table_statements",
+    "seed_row",
+    "stamp_statements",
+    "stamp_table",
+    "ticket_table",
+    "tier_statements",
+    "tier_tables",
+]
+
+#: The worker-lease table's default name (``sources/lease.py``).
+DEFAULT_LEASE_TABLE = "tickets_worker_leases"
+
+#: Names bound in one ``IN (...)`` list: well under every backend's limit on parameters.
+NAMES_PER_STATEMENT = 500
+
+
+class SchemaBackend(Protocol):
+    """What the DDL of the library's tables needs to know of a database (a ``TicketBackend``
+    of ``dialects/`` is one)."""
+
+    @property
+    def flickr_stride_from_server(self) -> bool:
+        """Whether Flickr's tables are auto-increment tables taking their stride from the
+        server (MySQL/MariaDB: Flickr's published schema, shared with ``REPLACE INTO``
+        clients)."""
+
+    def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
+        """An INSERT of ``row`` that does nothing when its key is already there."""
+
+    def tier_table_options(self) -> dict[str, Any]:
+        """Dialect options of the stamp and tier tables (MySQL: a transactional engine)."""
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """How to create a ticket table: which table, and where its id space starts."""
+
+    table: TicketTable
+    start: int = 1
+    increment: int = 1
+    offset: int = 1
+    #: Storage engine, where the backend has a choice (MySQL: ``InnoDB`` or ``MyISAM``).
+    storage_engine: str = "InnoDB"
+
+    @property
+    def first_id(self) -> int:
+        return first_id(self.start, self.increment, self.offset)
+
+
+# -- ticket tables ---------------------------------------------------------------------------
+
+
+def ticket_table(
+    backend: SchemaBackend, spec: TableSpec, metadata: sa.MetaData | None = None
+) -> sa.Table:
+    """The Core ``Table`` of a ticket table (its DDL is what :func:`create_statements` emits)."""
+    metadata = metadata if metadata is not None else sa.MetaData()
+    t = spec.table
+    if t.flickr:
+        return flickr_table(backend, spec, metadata)
+    return sa.Table(
+        t.name,
+        metadata,
+        sa.Column("stub", sa.CHAR(1), primary_key=True),
+        sa.Column("id", sa.BigInteger, nullable=False),
+        # Quoted always: MariaDB reserves OFFSET, and an offline script for a mysql:// URL
+        # cannot know which server it will run on.
+        sa.Column("increment", sa.Integer, nullable=False, quote=True),
+        sa.Column("offset", sa.Integer, nullable=False, quote=True),
+    )
+
+
+def flickr_table(backend: SchemaBackend, spec: TableSpec, metadata: sa.MetaData) -> sa.Table:
+    """Flickr's ``Tickets64``/``Tickets32``: on MySQL/MariaDB its published schema (unsigned
+    auto-increment ``id``, unique ``stub``), elsewhere the same columns without the
+    auto-increment (the library's take moves the one row)."""
+    if backend.flickr_stride_from_server:
+        unsigned: sa.types.TypeEngine[int] = (
+            mysql.BIGINT(20, unsigned=True)
+            if spec.table.bits == 64
+            else mysql.INTEGER(10, unsigned=True)
+        )
+        return sa.Table(
+            spec.table.name,
+            metadata,
+            sa.Column("id", unsigned, primary_key=True, autoincrement=True),
+            sa.Column("stub", sa.CHAR(1), nullable=False, server_default=""),
+            sa.UniqueConstraint("stub", name="stub"),
+            # The mariadb dialect reads only mariadb_* options, the mysql dialect mysql_*.
+            mysql_engine=spec.storage_engine,
+            mysql_auto_increment=str(spec.first_id),
+            mariadb_engine=spec.storage_engine,
+            mariadb_auto_increment=str(spec.first_id),
+        )
+    id_type = sa.BigInteger if spec.table.bits == 64 else sa.Integer
+    return sa.Table(
+        spec.table.name,
+        metadata,
+        sa.Column("id", id_type, primary_key=True, autoincrement=False),
+        sa.Column("stub", sa.CHAR(1), nullable=False, server_default=""),
+        # Constraint names are per schema on PostgreSQL: Tickets64 and Tickets32 each need
+        # their own (MySQL keeps Flickr's UNIQUE KEY `stub`).
+        sa.UniqueConstraint("stub", name=f"{spec.table.name}_stub"),
+    )
+
+
+def seed_row(backend: SchemaBackend, spec: TableSpec) -> dict[str, Any] | None:
+    """The row a new ticket table starts with (``id`` = the id before the first one);
+    ``None``: Flickr's auto-increment table, whose first ``REPLACE INTO`` makes it."""
+    if spec.table.flickr:
+        if backend.flickr_stride_from_server:
+            return None
+        if spec.increment != 1 or spec.offset != 1:
+            raise TicketsError(
+                f"Flickr's {spec.table.name} table has no stride columns on this backend; "
+                "use a named sequence (e.g. create_ticket_table('Photos', increment=2, "
+                "offset=2)) for odd/even ticket servers"
+            )
+        return {"id": spec.first_id - 1, "stub": "a"}
+    return {
+        "stub": "a",
+        "id": spec.first_id - spec.increment,
+        "increment": spec.increment,
+        "offset": spec.offset,
+    }
+
+
+def create_statements(backend: SchemaBackend, spec: TableSpec) -> list[sa.sql.Executable]:
+    """DDL and seed of a ticket table, safe to run when it exists."""
+    table = ticket_table(backend, spec)
+    statements: list[sa.sql.Executable] = [sa.schema.CreateTable(table, if_not_exists=True)]
+    row = seed_row(backend, spec)
+    if row is not None:
+        statements.append(backend.insert_seed(table, row))
+    return statements
+
+
+def drop_statements(
+    backend: SchemaBackend, specs: Sequence[TableSpec], *, stamps: bool = True
+) -> list[sa.sql.Executable]:
+    """DDL dropping ticket tables, and forgetting their recorded identities (``stamps``: the
+    stamp table is there): a table dropped on purpose and made again later is a new
+    sequence, not a rewind."""
+    statements: list[sa.sql.Executable] = [
+        sa.schema.DropTable(ticket_table(backend, spec), if_exists=True) for spec in specs
+    ]
+    if specs and stamps:
+        statements += forget_statements(backend, [spec.table.name for spec in specs])
+    return statements
+
+
+# -- the stamp table -------------------------------------------------------------------------
+
+
+def stamp_table(backend: SchemaBackend, metadata: sa.MetaData | None = None) -> sa.Table:
+    """What the library records about a database to notice that it went back in time: each
+    ticket table's and datacenter tier's identity (``stamp``, keyed by table name), and the
+    highest id a tier stored from each upstream lane (``last_id``)."""
+    metadata = metadata if metadata is not None else sa.MetaData()
+    return sa.Table(
+        STAMP_TABLE,
+        metadata,
+        sa.Column("name", sa.String(STAMP_NAME_LENGTH), primary_key=True),
+        sa.Column("stamp", sa.String(255), nullable=False, server_default=""),
+        sa.Column("synchronous", sa.SmallInteger, nullable=False, server_default="0"),
+        sa.Column("last_id", sa.BigInteger, nullable=True),
+        comment="sqlalchemy-tickets: identities and high-water marks, to notice rewinds",
+        **backend.tier_table_options(),
+    )
+
+
+def stamp_statements(backend: SchemaBackend) -> list[sa.sql.Executable]:
+    """DDL creating the stamp table, safe to run when it exists: made with the ticket tables,
+    by every path that makes them, so that at run time a role with only SELECT, INSERT,
+    UPDATE and DELETE keeps every guard against rewinds."""
+    return [sa.schema.CreateTable(stamp_table(backend), if_not_exists=True)]
+
+
+def forget_statements(backend: SchemaBackend, names: Sequence[str]) -> list[sa.sql.Executable]:
+    """DELETEs of the stamp rows ``names``, a few hundred names a statement."""
+    t = stamp_table(backend)
+    statements: list[sa.sql.Executable] = []
+    unique = list(dict.fromkeys(names))
+    for at in range(0, len(unique), NAMES_PER_STATEMENT):
+        chunk = unique[at : at + NAMES_PER_STATEMENT]
+        which = t.c.name == chunk[0] if len(chunk) == 1 else t.c.name.in_(chunk)
+        statements.append(sa.delete(t).where(which))
+    return statements
+
+
+# -- datacenter tiers ------------------------------------------------------------------------
+
+
+def tier_tables(
+    backend: SchemaBackend, names: TierTables, metadata: sa.MetaData | None = None
+) -> tuple[sa.Table, sa.Table]:
+    """The Core tables of a datacenter tier: its stock of id ranges, and one state row per
+    (sequence, bits). See ``sources/datacenter.py`` for what each column means."""
+    metadata = metadata if metadata is not None else sa.MetaData()
+    options = backend.tier_table_options()
+    stock = sa.Table(
+        names.stock,
+        metadata,
+        sa.Column("sequence_name", sa.String(MAX_SEQUENCE_LENGTH), primary_key=True),
+        sa.Column("bits", sa.SmallInteger, primary_key=True, autoincrement=False),
+        # 0: given back, 1: never issued. The key's order is the order ids go out in:
+        # ranges given back first, then upwards.
+        sa.Column("kind", sa.SmallInteger, primary_key=True, autoincrement=False),
+        sa.Column("first_id", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("last_id", sa.BigInteger, nullable=False),
+        sa.Column("step", sa.Integer, nullable=False),
+        comment="sqlalchemy-tickets: datacenter tier, ranges of ids in stock",
+        **options,
+    )
+    state = sa.Table(
+        names.state,
+        metadata,
+        sa.Column("sequence_name", sa.String(MAX_SEQUENCE_LENGTH), primary_key=True),
+        sa.Column("bits", sa.SmallInteger, primary_key=True, autoincrement=False),
+        sa.Column("stock", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("issued", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("given_back", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("refills", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("refilled", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("rate", sa.Double, nullable=False, server_default="0"),
+        sa.Column("rate_at", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("rate_count", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("claim_owner", sa.String(64), nullable=False, server_default=""),
+        sa.Column("claim_until", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("refilled_at", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("exhausted", sa.SmallInteger, nullable=False, server_default="0"),
+        # The range being handed out (empty when head_first > head_last), out of the stock
+        # rows: a take moves this one row in one statement (see tier_take).
+        sa.Column("head_kind", sa.SmallInteger, nullable=False, server_default="1"),
+        sa.Column("head_first", sa.BigInteger, nullable=False, server_default="1"),
+        sa.Column("head_last", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("head_step", sa.Integer, nullable=False, server_default="1"),
+        # How many ids the latest take handed out: how a one-statement take returns its
+        # block where RETURNING shows only new values.
+        sa.Column("last_take", sa.BigInteger, nullable=False, server_default="0"),
+        comment="sqlalchemy-tickets: datacenter tier, stock, rate and refill claim",
+        **options,
+    )
+    return stock, state
+
+
+def tier_statements(backend: SchemaBackend, names: TierTables) -> list[sa.sql.Executable]:
+    """DDL creating a datacenter tier's tables, safe to run when they exist; with the stamp
+    table, where the tier records its identity and its upstream lanes' marks."""
+    return [
+        *(sa.schema.CreateTable(t, if_not_exists=True) for t in tier_tables(backend, names)),
+        *stamp_statements(backend),
+    ]
+
+
+def drop_tier_statements(backend: SchemaBackend, names: TierTables) -> list[sa.sql.Executable]:
+    """DDL dropping a datacenter tier's tables (and the ids in stock with them)."""
+    return [sa.schema.DropTable(t, if_exists=True) for t in reversed(tier_tables(backend, names))]
+
+
+# -- the worker-lease table ------------------------------------------------------------------
+
+
+def lease_table(
+    metadata: sa.MetaData | None = None,
+    *,
+    name: str = DEFAULT_LEASE_TABLE,
+    schema: str | None = None,
+) -> sa.Table:
+    """The Core ``Table`` of worker leases (added to ``metadata`` if given)."""
+    return sa.Table(
+        name,
+        metadata if metadata is not None else sa.MetaData(),
+        sa.Column("namespace", sa.String(64), primary_key=True),
+        sa.Column("worker_id", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("holder", sa.String(32), nullable=False, server_default=""),
+        sa.Column("owner", sa.String(200), nullable=False, server_default=""),
+        sa.Column("expires_at", sa.BigInteger, nullable=False),
+        sa.Column("issued_until", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("acquired_at", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("renewed_at", sa.BigInteger, nullable=False, server_default="0"),
+        schema=schema,
+        comment="sqlalchemy-tickets: Snowflake worker-id leases",
+    )
+
+
+def lease_table_statements(
+    *, name: str = DEFAULT_LEASE_TABLE, schema: str | None = None
+) -> list[sa.sql.Executable]:
+    """DDL creating the lease table; safe to run when it exists."""
+    return [sa.schema.CreateTable(lease_table(name=name, schema=schema), if_not_exists=True)]
+
+
+def drop_lease_table_statements(
+    *, name: str = DEFAULT_LEASE_TABLE, schema: str | None = None
+) -> list[sa.sql.Executable]:
+    """DDL dropping the lease table (forgets every worker's ``issued_until``)."""
+    return [sa.schema.DropTable(lease_table(name=name, schema=schema), if_exists=True)]
