@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import threading
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -78,9 +79,10 @@ if TYPE_CHECKING:
     # of importing alembic.autogenerate, that package cannot be imported from yet.
     from alembic.autogenerate.api import AutogenContext
 
-# The sources and the dialect modules are imported by the functions that compare against them
-# (autogenerate, not the import): this module is imported with the package's Alembic support,
-# which every `import alembic` loads through the plugin entry point.
+# The dialect modules are imported by the functions that compare against them (autogenerate, not
+# the import): this module is imported with the package's Alembic support, which every
+# `import alembic` loads through the plugin entry point. The runtime sources are never imported
+# (see _runtime).
 
 __all__ = ["include_object", "is_ticket_table_name", "ticket_tables"]
 
@@ -152,11 +154,11 @@ def draws_from(type_: TicketId, database: URL | None) -> bool:
     """Whether a ``TicketId`` column's ids are drawn from ``database`` (the one a migration
     runs on; ``None``: unknown, so only the embedded default counts)."""
     from ..dialects import backend_for
-    from ..sources.cache import CachedSource
-    from ..sources.default import configured_source
-    from ..sources.server import TicketServer
 
-    source = type_.source if type_.source is not None else configured_source()
+    source = type_.source
+    configured = _runtime("default", "configured_source")
+    if source is None and configured is not None:
+        source = configured()
     if source is None:  # the embedded default, beside the rows
         if database is None:
             return True
@@ -165,13 +167,24 @@ def draws_from(type_: TicketId, database: URL | None) -> bool:
         except TicketsError:
             return True
         return same_database(backend.embedded_url(database), database)
+    cached, server = _runtime("cache", "CachedSource"), _runtime("server", "TicketServer")
     seen: set[int] = set()
-    while isinstance(source, CachedSource) and id(source) not in seen:
+    while cached is not None and isinstance(source, cached) and id(source) not in seen:
         seen.add(id(source))
         source = source.source
-    if not isinstance(source, TicketServer) or database is None:
+    if server is None or not isinstance(source, server) or database is None:
         return False
     return same_database(source.url, database)
+
+
+def _runtime(module: str, name: str) -> Any:
+    """``name`` of the runtime module ``sources.<module>`` if that module is loaded, else
+    ``None``. The Alembic support never imports the sources (they start nothing here, but they
+    are the runtime, which a migration does not need): a source object exists only once its
+    class's module ran, and a source is configured only through ``sources.default``, so a
+    module not loaded means no such object and nothing configured."""
+    loaded = sys.modules.get(f"{__package__.rpartition('.')[0]}.sources.{module}")
+    return None if loaded is None else getattr(loaded, name)
 
 
 def same_database(a: URL, b: URL) -> bool:
@@ -361,9 +374,10 @@ def _tier_prefix(name: str) -> str | None:
 
 def _tier_columns(prefix: str) -> tuple[set[str], set[str]]:
     """The column names of a tier's ``(stock, state)`` tables (the same on every backend)."""
+    from .. import _schema
     from ..dialects import backend_for
 
-    stock, state = backend_for("sqlite").tier_tables(tier_tables(prefix))
+    stock, state = _schema.tier_tables(backend_for("sqlite"), tier_tables(prefix))
     return {c.name for c in stock.columns}, {c.name for c in state.columns}
 
 
