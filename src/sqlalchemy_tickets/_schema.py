@@ -5,7 +5,10 @@ that make and drop them.
   and the seed row it starts with;
 - the **stamp table** (``tickets_stamps``), one per database, where the library records each
   ticket table's and datacenter tier's identity and the tiers' upstream marks
-  (``docs/rewinds.md``);
+  (``docs/rewinds.md``), and where every table that uses it is **registered** by the
+  statements that make it: a row keyed by the table's name (a tier: its state table's),
+  whose stamp stays empty until a client records the identity (an empty stamp reads as none
+  recorded, as rows that older releases made at run time read);
 - a **datacenter tier's** two tables (``<prefix>__stock``, ``<prefix>__state``);
 - the **worker-lease table** of ``SnowflakeId`` (``tickets_worker_leases``).
 
@@ -15,11 +18,20 @@ tier, ``create_lease_table``, ``drop_ticket_tables``. Pure: functions of a backe
 facts of a database that the DDL depends on, :class:`SchemaBackend`) and names, building
 SQLAlchemy constructs; no connection, no thread. The backends of ``dialects/`` use them, so
 this module imports nothing of ``dialects/`` (nor of ``sources/``).
+
+**Nothing left behind.** Dropping a table forgets its rows in the stamp table (a table
+dropped on purpose and made again is a new sequence, not a rewind), then drops the stamp
+table where no row is left: while another ticket table or a tier remains, its registration
+keeps the stamp table. The database decides as the statements run: PostgreSQL in one ``DO``
+block, MySQL/MariaDB with a prepared statement (``drop_if_empty_statements`` of their
+backends), so ``--sql`` scripts say it too. SQLite has no conditional DDL: a client connected
+to the database looks for itself (``TicketBackend.drop_unused_stamps``), and a ``--sql``
+script keeps the stamp table, saying so in a comment (``docs/alembic.md``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,6 +39,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 from ._naming import (
+    DEFAULT_LEASE_TABLE,
     MAX_SEQUENCE_LENGTH,
     STAMP_NAME_LENGTH,
     STAMP_TABLE,
@@ -44,19 +57,19 @@ __all__ = [
     "drop_lease_table_statements",
     "drop_statements",
     "drop_tier_statements",
+    "drop_unused_stamps_statements",
     "forget_statements",
     "lease_table",
     "lease_table_statements",
+    "register_statements",
     "seed_row",
     "stamp_statements",
     "stamp_table",
     "ticket_table",
+    "tier_mark_prefix",
     "tier_statements",
     "tier_tables",
 ]
-
-#: The worker-lease table's default name (``sources/lease.py``).
-DEFAULT_LEASE_TABLE = "tickets_worker_leases"
 
 #: Names bound in one ``IN (...)`` list: well under every backend's limit on parameters.
 NAMES_PER_STATEMENT = 500
@@ -77,6 +90,10 @@ class SchemaBackend(Protocol):
 
     def tier_table_options(self) -> dict[str, Any]:
         """Dialect options of the stamp and tier tables (MySQL: a transactional engine)."""
+
+    def drop_if_empty_statements(self, table: sa.Table) -> list[sa.sql.Executable] | None:
+        """Statements dropping ``table`` if it has no row, decided by the database as they
+        run; ``None`` where SQL cannot say it."""
 
 
 @dataclass(frozen=True)
@@ -174,26 +191,30 @@ def seed_row(backend: SchemaBackend, spec: TableSpec) -> dict[str, Any] | None:
 
 
 def create_statements(backend: SchemaBackend, spec: TableSpec) -> list[sa.sql.Executable]:
-    """DDL and seed of a ticket table, safe to run when it exists."""
+    """DDL and seed of a ticket table, and its registration in the stamp table (which must
+    exist: :func:`stamp_statements` first); safe to run when they exist."""
     table = ticket_table(backend, spec)
     statements: list[sa.sql.Executable] = [sa.schema.CreateTable(table, if_not_exists=True)]
     row = seed_row(backend, spec)
     if row is not None:
         statements.append(backend.insert_seed(table, row))
+    statements += register_statements(backend, [spec.table.name])
     return statements
 
 
 def drop_statements(
     backend: SchemaBackend, specs: Sequence[TableSpec], *, stamps: bool = True
 ) -> list[sa.sql.Executable]:
-    """DDL dropping ticket tables, and forgetting their recorded identities (``stamps``: the
-    stamp table is there): a table dropped on purpose and made again later is a new
-    sequence, not a rewind."""
+    """DDL dropping ticket tables; with ``stamps`` (the stamp table is there), their rows
+    forgotten (a table dropped on purpose and made again later is a new sequence, not a
+    rewind) and the stamp table dropped where no row is left, where SQL can say so (see the
+    module's documentation)."""
     statements: list[sa.sql.Executable] = [
         sa.schema.DropTable(ticket_table(backend, spec), if_exists=True) for spec in specs
     ]
     if specs and stamps:
         statements += forget_statements(backend, [spec.table.name for spec in specs])
+        statements += drop_unused_stamps_statements(backend) or []
     return statements
 
 
@@ -202,8 +223,9 @@ def drop_statements(
 
 def stamp_table(backend: SchemaBackend, metadata: sa.MetaData | None = None) -> sa.Table:
     """What the library records about a database to notice that it went back in time: each
-    ticket table's and datacenter tier's identity (``stamp``, keyed by table name), and the
-    highest id a tier stored from each upstream lane (``last_id``)."""
+    ticket table's and datacenter tier's identity (``stamp``, keyed by table name; empty:
+    registered, nothing recorded yet), and the highest id a tier stored from each upstream
+    lane (``last_id``)."""
     metadata = metadata if metadata is not None else sa.MetaData()
     return sa.Table(
         STAMP_TABLE,
@@ -224,8 +246,19 @@ def stamp_statements(backend: SchemaBackend) -> list[sa.sql.Executable]:
     return [sa.schema.CreateTable(stamp_table(backend), if_not_exists=True)]
 
 
-def forget_statements(backend: SchemaBackend, names: Sequence[str]) -> list[sa.sql.Executable]:
-    """DELETEs of the stamp rows ``names``, a few hundred names a statement."""
+def register_statements(backend: SchemaBackend, names: Iterable[str]) -> list[sa.sql.Executable]:
+    """A row for each table of ``names`` in the stamp table, where it has none (a row a
+    client wrote, with an identity, stays as it is): what keeps the stamp table while the
+    table exists."""
+    t = stamp_table(backend)
+    return [backend.insert_seed(t, {"name": name}) for name in dict.fromkeys(names)]
+
+
+def forget_statements(
+    backend: SchemaBackend, names: Sequence[str], prefixes: Sequence[str] = ()
+) -> list[sa.sql.Executable]:
+    """DELETEs of the stamp rows ``names`` (a few hundred a statement) and of those whose
+    name starts with one of ``prefixes``."""
     t = stamp_table(backend)
     statements: list[sa.sql.Executable] = []
     unique = list(dict.fromkeys(names))
@@ -233,7 +266,17 @@ def forget_statements(backend: SchemaBackend, names: Sequence[str]) -> list[sa.s
         chunk = unique[at : at + NAMES_PER_STATEMENT]
         which = t.c.name == chunk[0] if len(chunk) == 1 else t.c.name.in_(chunk)
         statements.append(sa.delete(t).where(which))
+    for prefix in dict.fromkeys(prefixes):
+        # Escaped: a table name's underscores are LIKE's one-character wildcard.
+        statements.append(sa.delete(t).where(t.c.name.startswith(prefix, autoescape=True)))
     return statements
+
+
+def drop_unused_stamps_statements(backend: SchemaBackend) -> list[sa.sql.Executable] | None:
+    """Statements dropping the stamp table where no row is left (no table uses it any
+    more), decided by the database as they run; ``None`` on a backend whose SQL cannot say
+    it (SQLite)."""
+    return backend.drop_if_empty_statements(stamp_table(backend))
 
 
 # -- datacenter tiers ------------------------------------------------------------------------
@@ -292,18 +335,36 @@ def tier_tables(
     return stock, state
 
 
+def tier_mark_prefix(names: TierTables) -> str:
+    """How the keys of a tier's upstream marks in the stamp table start (the tier's own
+    identity is keyed by its state table's name)."""
+    return f"upstream:{names.state}:"
+
+
 def tier_statements(backend: SchemaBackend, names: TierTables) -> list[sa.sql.Executable]:
     """DDL creating a datacenter tier's tables, safe to run when they exist; with the stamp
-    table, where the tier records its identity and its upstream lanes' marks."""
+    table, where the tier records its identity and its upstream lanes' marks, and the tier's
+    registration there."""
     return [
         *(sa.schema.CreateTable(t, if_not_exists=True) for t in tier_tables(backend, names)),
         *stamp_statements(backend),
+        *register_statements(backend, [names.state]),
     ]
 
 
-def drop_tier_statements(backend: SchemaBackend, names: TierTables) -> list[sa.sql.Executable]:
-    """DDL dropping a datacenter tier's tables (and the ids in stock with them)."""
-    return [sa.schema.DropTable(t, if_exists=True) for t in reversed(tier_tables(backend, names))]
+def drop_tier_statements(
+    backend: SchemaBackend, names: TierTables, *, stamps: bool = True
+) -> list[sa.sql.Executable]:
+    """DDL dropping a datacenter tier's tables (and the ids in stock with them); with
+    ``stamps`` (the stamp table is there), the tier's identity and upstream marks forgotten
+    and the stamp table dropped where no row is left (see :func:`drop_statements`)."""
+    statements: list[sa.sql.Executable] = [
+        sa.schema.DropTable(t, if_exists=True) for t in reversed(tier_tables(backend, names))
+    ]
+    if stamps:
+        statements += forget_statements(backend, [names.state], [tier_mark_prefix(names)])
+        statements += drop_unused_stamps_statements(backend) or []
+    return statements
 
 
 # -- the worker-lease table ------------------------------------------------------------------

@@ -306,14 +306,16 @@ def test_ticket_tables_offline_on_every_dialect() -> None:
         op, buffer = _ops(dialect)
         op.create_ticket_tables(["Photos", "tags", "photos"], start=10, increment=3, offset=2)  # type: ignore[attr-defined]
         op.drop_ticket_tables(["Photos", "tags"])  # type: ignore[attr-defined]
-        sql = buffer.getvalue()
+        # The statements (SQLite's script also says in a comment what it cannot do).
+        sql = "\n".join(line for line in buffer.getvalue().splitlines()
+                        if not line.startswith("--"))
         # Each table once (Photos and photos are one sequence), its seed after its CREATE.
         assert sql.count("CREATE TABLE IF NOT EXISTS") == 3  # two ticket tables, the stamps
         assert NAMED_CREATE[dialect] in sql
         assert seed_insert(dialect, 8, 3, 2) in sql
         assert sql.index("tickets__photos") < sql.index("INSERT") < sql.index("tickets__tags")
         # Dropped, and their recorded identities forgotten in one statement.
-        assert sql.count("DROP TABLE IF EXISTS") == 2
+        assert sql.count("DROP TABLE IF EXISTS tickets__") == 2
         assert sql.count("DELETE FROM tickets_stamps") == 1
         assert "IN ('tickets__photos', 'tickets__tags')" in sql
 
@@ -453,8 +455,10 @@ def _tier_ddl(dialect: str, prefix: str, *, drop: bool = False) -> list[str]:
     make = drop_datacenter_table_statements if drop else datacenter_table_statements
     compiled_dialect = make_url(OFFLINE_URLS[dialect]).get_dialect()()
     return [
-        # Alembic writes a tab as four spaces.
-        str(statement.compile(dialect=compiled_dialect)).replace("\t", "    ").strip()  # type: ignore[attr-defined]
+        # Alembic writes a tab as four spaces, and values inlined.
+        str(statement.compile(  # type: ignore[attr-defined]
+            dialect=compiled_dialect, compile_kwargs={"literal_binds": True}
+        )).replace("\t", "    ").strip()
         for statement in make(dialect=name, table_prefix=prefix)
     ]
 
@@ -481,23 +485,26 @@ def test_datacenter_tables_in_a_sql_script(dialect: str, tmp_path: Path) -> None
     project = tier_project(tmp_path, "tickets_eu")
     up = run_alembic(project, "upgrade", "head", "--sql", url=OFFLINE_URLS[dialect])
     assert up.returncode == 0, up.stderr
-    stock, state, stamps = _tier_ddl(dialect, "tickets_eu")
+    stock, state, stamps, register = _tier_ddl(dialect, "tickets_eu")
     assert stock.startswith("CREATE TABLE IF NOT EXISTS tickets_eu__stock (")
     assert state.startswith("CREATE TABLE IF NOT EXISTS tickets_eu__state (")
     # Where the tier records its identity and its upstream lanes' marks.
     assert stamps.startswith("CREATE TABLE IF NOT EXISTS tickets_stamps (")
     assert _written(stamps, up.stdout)
     assert _written(stock, up.stdout) and _written(state, up.stdout)
+    assert f"{register};" in up.stdout  # the tier registered, which keeps the stamp table
     assert up.stdout.index("tickets_eu__stock") < up.stdout.index("tickets_eu__state")
     if dialect in ("mysql", "mariadb"):
         assert "ENGINE=InnoDB" in stock  # row locks: a take and its state row move together
     down = run_alembic(project, "downgrade", "0001:base", "--sql", url=OFFLINE_URLS[dialect])
     assert down.returncode == 0, down.stderr
     drops = _tier_ddl(dialect, "tickets_eu", drop=True)
-    assert drops == [
+    assert drops[:2] == [
         "DROP TABLE IF EXISTS tickets_eu__state",
         "DROP TABLE IF EXISTS tickets_eu__stock",
     ]
+    # Then its rows in the stamp table forgotten, and the stamp table dropped where no row
+    # is left (SQLite's script cannot say so: tested with the scripts run, backend tests).
     assert all(f"{d};" in down.stdout for d in drops)
     assert "CREATE TABLE" not in down.stdout
 

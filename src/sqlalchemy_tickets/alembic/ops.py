@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from alembic.operations import MigrateOperation, Operations
 
 from .._naming import (
+    DEFAULT_LEASE_TABLE,
     DEFAULT_TABLE_TEMPLATE,
     DEFAULT_TIER_PREFIX,
     TicketTable,
@@ -525,7 +526,7 @@ class _NoOp(MigrateOperation):
 class _LeaseTableOp(MigrateOperation):
     """What both lease-table operations share: the table's (validated) name."""
 
-    def __init__(self, *, name: str = "tickets_worker_leases") -> None:
+    def __init__(self, *, name: str = DEFAULT_LEASE_TABLE) -> None:
         self.name = _identifier("table", name)
 
 
@@ -535,7 +536,7 @@ class CreateWorkerLeaseTableOp(_LeaseTableOp):
 
     @classmethod
     def create_worker_lease_table(
-        cls, operations: Operations, *, name: str = "tickets_worker_leases"
+        cls, operations: Operations, *, name: str = DEFAULT_LEASE_TABLE
     ) -> None:
         """Create the worker-id lease table."""
         operations.invoke(cls(name=name))
@@ -550,7 +551,7 @@ class DropWorkerLeaseTableOp(_LeaseTableOp):
 
     @classmethod
     def drop_worker_lease_table(
-        cls, operations: Operations, *, name: str = "tickets_worker_leases"
+        cls, operations: Operations, *, name: str = DEFAULT_LEASE_TABLE
     ) -> None:
         """Drop the worker-id lease table."""
         operations.invoke(cls(name=name))

@@ -121,6 +121,10 @@ def _create_ticket_tables(operations: Operations, specs: Sequence[TableSpec]) ->
     if STAMP_TABLE not in existing:
         _emit_all(operations, _schema.stamp_statements(backend))
     missing = [spec for spec in specs if spec.table.name not in existing]
+    # Tables that are there already (made by `init`, a first use, an older release) are
+    # registered all the same: their registration keeps the stamp table while they exist.
+    _emit_all(operations, _schema.register_statements(
+        backend, [spec.table.name for spec in specs if spec.table.name in existing]))
     if bind.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
         for spec in missing:
             _emit_all(operations, statements[spec.table.name])
@@ -164,8 +168,9 @@ def _drop_ticket_tables(operations: Operations, tables: Sequence[TicketTable]) -
 
     backend = _backend(operations)
     specs = [_schema.TableSpec(table) for table in tables]
-    _emit_all(operations, _schema.drop_statements(
-        backend, specs, stamps=_has_stamps(operations, backend)))
+    stamps = _has_stamps(operations, backend)
+    _emit_all(operations, _schema.drop_statements(backend, specs, stamps=stamps))
+    _drop_unused_stamps(operations, backend, stamps)
 
 
 def _has_stamps(operations: Operations, backend: TicketBackend) -> bool:
@@ -173,6 +178,26 @@ def _has_stamps(operations: Operations, backend: TicketBackend) -> bool:
     if operations.get_context().as_sql:
         return True
     return STAMP_TABLE in backend.existing_tables(operations.get_bind(), [STAMP_TABLE])
+
+
+def _drop_unused_stamps(operations: Operations, backend: TicketBackend, stamps: bool) -> None:
+    """After a drop, on a backend whose SQL cannot drop the stamp table only where no row is
+    left (SQLite; the others' drop statements hold it): online, look and drop; offline, say
+    in the script what to run once no table of the library is left."""
+    from .. import _schema
+
+    if not stamps or _schema.drop_unused_stamps_statements(backend) is not None:
+        return
+    if not operations.get_context().as_sql:
+        backend.drop_unused_stamps(operations.get_bind())
+        return
+    drop = sa.schema.DropTable(_schema.stamp_table(backend), if_exists=True)
+    ddl = str(drop.compile(dialect=operations.get_context().dialect)).strip()
+    _comment(operations, (
+        f"sqlalchemy-tickets: {STAMP_TABLE} stays: this database cannot drop it only where no "
+        "table uses it any more (no conditional DDL). Once no row is left in it (SELECT "
+        f"count(*) FROM {STAMP_TABLE} says 0), it may go: {ddl};"
+    ))
 
 
 @Operations.implementation_for(SyncTicketSequenceOp)
@@ -247,4 +272,7 @@ def create_datacenter_tables(operations: Operations, operation: CreateDatacenter
 def drop_datacenter_tables(operations: Operations, operation: DropDatacenterTablesOp) -> None:
     from .. import _schema
 
-    _emit_all(operations, _schema.drop_tier_statements(_backend(operations), operation.names))
+    backend = _backend(operations)
+    stamps = _has_stamps(operations, backend)
+    _emit_all(operations, _schema.drop_tier_statements(backend, operation.names, stamps=stamps))
+    _drop_unused_stamps(operations, backend, stamps)

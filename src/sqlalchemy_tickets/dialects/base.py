@@ -455,6 +455,26 @@ class TicketBackend:
         """DDL dropping ticket tables (``_schema.drop_statements``)."""
         return _schema.drop_statements(self, specs, stamps=stamps)
 
+    def drop_if_empty_statements(self, table: sa.Table) -> list[sa.sql.Executable] | None:
+        """Statements dropping ``table`` if it has no row, decided by the database as they run
+        (the same online and in a ``--sql`` script); ``None``: this backend's SQL cannot say
+        it, and :meth:`drop_unused_stamps` looks itself."""
+        return None
+
+    def drop_unused_stamps(self, connection: sa.Connection) -> None:
+        """Drop the stamp table, which must exist, if no row is left in it (no table of the
+        library uses it any more): :meth:`drop_if_empty_statements`, or where SQL cannot say
+        it, a look for a row and the drop (one writer at a time on SQLite's file, the only
+        such backend, in the caller's transaction)."""
+        t = self.stamp_table()
+        statements = self.drop_if_empty_statements(t)
+        if statements is None:
+            if connection.execute(sa.select(t.c.name).limit(1)).first() is not None:
+                return
+            statements = [sa.schema.DropTable(t, if_exists=True)]
+        for statement in statements:
+            connection.execute(statement)
+
     def stride_of(self, t: sa.Table) -> tuple[sa.ColumnElement[int], sa.ColumnElement[int]]:
         """SQL expressions for a table's increment and offset."""
         if "increment" in t.c:
@@ -587,8 +607,11 @@ class TicketBackend:
         """DDL creating a datacenter tier's tables (``_schema.tier_statements``)."""
         return _schema.tier_statements(self, names)
 
-    def drop_tier_statements(self, names: TierTables) -> list[sa.sql.Executable]:
-        return _schema.drop_tier_statements(self, names)
+    def drop_tier_statements(
+        self, names: TierTables, *, stamps: bool = True
+    ) -> list[sa.sql.Executable]:
+        """DDL dropping a datacenter tier's tables (``_schema.drop_tier_statements``)."""
+        return _schema.drop_tier_statements(self, names, stamps=stamps)
 
     def missing_columns(
         self, connection: sa.Connection, table: sa.Table

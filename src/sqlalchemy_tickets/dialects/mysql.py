@@ -138,6 +138,24 @@ class MySQLBackend(TicketBackend):
     def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
         return sa.insert(table).values(**row).prefix_with("IGNORE")
 
+    def drop_if_empty_statements(self, table: sa.Table) -> list[sa.sql.Executable] | None:
+        # No conditional DDL outside stored programs: the statement to run (the DROP, or a
+        # DO that does nothing) is chosen by the database in a session variable, then
+        # prepared and run; the same online and in --sql scripts. DDL commits at once here,
+        # so a writer registering a table between the look and the drop is not held off as
+        # on PostgreSQL: it fails on the missing table, and makes it again.
+        dialect = mysql.dialect()
+        name = dialect.identifier_preparer.format_table(table)
+        drop = str(sa.schema.DropTable(table, if_exists=True).compile(dialect=dialect)).strip()
+        return [
+            sa.text(
+                f"SET {_DROP_VARIABLE} = IF(EXISTS (SELECT 1 FROM {name}), 'DO 0', :ddl)"
+            ).bindparams(sa.bindparam("ddl", drop, type_=sa.String)),
+            sa.text(f"PREPARE {_DROP_STATEMENT} FROM {_DROP_VARIABLE}"),
+            sa.text(f"EXECUTE {_DROP_STATEMENT}"),
+            sa.text(f"DEALLOCATE PREPARE {_DROP_STATEMENT}"),
+        ]
+
     @contextmanager
     def creating(
         self, connection: sa.Connection, tables: Sequence[TicketTable], timeout: float
@@ -380,6 +398,11 @@ class MySQLBackend(TicketBackend):
 
     def is_conflict(self, error: BaseException) -> bool:
         return _error_code(error) == _DEADLOCK
+
+
+#: The session variable and prepared statement of ``drop_if_empty_statements``.
+_DROP_VARIABLE = "@tickets_drop_if_empty"
+_DROP_STATEMENT = "tickets_drop_if_empty"
 
 
 def _keep(name: str, value: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
