@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from sqlalchemy_tickets import TicketServer
+from sqlalchemy_tickets import DatacenterTier, TicketServer
+from sqlalchemy_tickets.sources.lease import create_lease_table
 
 #: Alembic >= 1.18 loads the package's plugin by itself.
 PLUGINS = importlib.util.find_spec("alembic.runtime.plugins") is not None
@@ -94,20 +95,24 @@ def project(initialized: Path, tmp_path: Path) -> Callable[[str], Path]:
 
 
 def alembic(where: Path, *args: str, app: str) -> str:
-    """The real ``alembic`` command in the project's directory; fails the test on an error."""
+    """The real ``alembic`` command in the project's directory; fails the test on an error.
+    Returns what it printed, its log (stderr, as ``alembic init`` configures it) included."""
     result = subprocess.run(
         [*_alembic_command(), *args],
         cwd=where, env={**os.environ, "APP_URL": app},
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
+    return result.stdout + result.stderr
 
 
-def autogenerate(where: Path, message: str, *, app: str) -> str:
-    """``alembic revision --autogenerate``; the text of the script it wrote."""
+def autogenerate(where: Path, message: str, *, app: str, log: list[str] | None = None) -> str:
+    """``alembic revision --autogenerate``; the text of the script it wrote (``log``: gets
+    what the command printed and logged)."""
     before = set((where / "migrations" / "versions").glob("*.py"))
-    alembic(where, "revision", "--autogenerate", "-m", message, app=app)
+    output = alembic(where, "revision", "--autogenerate", "-m", message, app=app)
+    if log is not None:
+        log.append(output)
     (script,) = set((where / "migrations" / "versions").glob("*.py")) - before
     return script.read_text()
 
@@ -234,3 +239,78 @@ sa.Table("photos", target_metadata,
     assert next_id(url, "photos", bits=bits) > 500
     # Proposed with the ticket table only: the next autogenerate has nothing to do.
     assert upgrade_ops(autogenerate(where, "nothing", app=url)) == []
+
+
+def library_tables(url: str) -> set[str]:
+    """Every table of the library (each name it makes starts with "tickets")."""
+    return {name for name in table_names(url) if name.startswith("tickets")}
+
+
+def run_tier(url: str, prefix: str, upstream_url: str) -> None:
+    """A datacenter tier that made its tables in ``url`` on first use and issued ids (so that
+    it recorded its identity and its upstream mark in the stamp table)."""
+    upstream = TicketServer(upstream_url)
+    tier = DatacenterTier(url, upstream, table_prefix=prefix, min_block=10, timeout=10.0)
+    try:
+        assert len(tier.next_block("photos", 3)) == 3
+    finally:
+        tier.close()
+        upstream.close()
+
+
+PHOTOS = '''
+sa.Table("photos", target_metadata, sa.Column("id", TicketId("Photos"), primary_key=True),
+         sa.Column("title", sa.String(200)))
+'''
+
+
+@pytest.mark.backend("sqlite", "postgresql", "mysql")
+def test_a_second_autogenerate_compares_none_of_the_librarys_tables(
+    backend: str, make_database: Callable[[str], str], project: Callable[[str], Path]
+) -> None:
+    """After the application ran — its stamp table, tiers made on first use (the default
+    prefix and another), the worker-lease table — autogenerate proposes nothing and logs
+    nothing of them: Alembic never compared them."""
+    url = make_database(backend)
+    where = project(url)
+    (where / "models.py").write_text(MODELS_HEAD + DRAW_FROM_THE_APP + PHOTOS)
+    autogenerate(where, "models", app=url)
+    alembic(where, "upgrade", "head", app=url)
+    assert next_id(url, "photos") == 1
+    upstream = make_database("sqlite")
+    run_tier(url, "tickets_dc", upstream)
+    run_tier(url, "tickets_eu", upstream)
+    create_lease_table(url)
+    assert library_tables(url) == {
+        "tickets__photos", "tickets_stamps", "tickets_dc__stock", "tickets_dc__state",
+        "tickets_eu__stock", "tickets_eu__state", "tickets_worker_leases",
+    }
+
+    log: list[str] = []
+    assert upgrade_ops(autogenerate(where, "nothing", app=url, log=log)) == []
+    assert "Detected" not in log[0], log[0]
+    # Once more, on the database that revision brought up to date: still nothing.
+    alembic(where, "upgrade", "head", app=url)
+    assert upgrade_ops(autogenerate(where, "still nothing", app=url, log=log)) == []
+    assert "Detected" not in log[1], log[1]
+
+
+@pytest.mark.backend("sqlite", "postgresql", "mysql")
+def test_downgrade_base_after_the_application_ran_leaves_nothing_behind(
+    backend: str, make_database: Callable[[str], str], project: Callable[[str], Path]
+) -> None:
+    url = make_database(backend)
+    where = project(url)
+    (where / "models.py").write_text(MODELS_HEAD + DRAW_FROM_THE_APP + PHOTOS + '''
+sa.Table("tags", target_metadata, sa.Column("id", TicketId("tags", bits=32), primary_key=True))
+''')
+    autogenerate(where, "models", app=url)
+    alembic(where, "upgrade", "head", app=url)
+    # The application ran: its identities recorded at first contact.
+    assert next_id(url, "photos") == 1
+    assert next_id(url, "tags", bits=32) == 1
+    assert library_tables(url) == {"tickets__photos", "tickets__tags", "tickets_stamps"}
+
+    alembic(where, "downgrade", "base", app=url)
+    assert library_tables(url) == set()
+    assert table_names(url) == {"alembic_version"}

@@ -19,21 +19,21 @@ belong to the ticket servers, made by ``sqlalchemy-tickets init`` at deploy time
 Alembic project of their own (see ``migrations_examples/mysql-flickr-two-servers``).
 Foreign keys to ticket ids draw nothing either.
 
-Ticket tables are never in the metadata, so Alembic itself would propose to drop them; those
-``DropTableOp``\\ s are taken out again — a ticket table holds the last id issued, and dropping it
-would issue the same ids twice. So is the stamp table (``tickets_stamps``), where each ticket
-table's identity is recorded to notice a restore or a failover. :func:`include_object` does
-the same at the source, for users
-who prefer it (or who run a version of Alembic where the comparator below is not reached).
+The library's own tables are never compared with the metadata (:func:`hide_library_tables`,
+which the package's plugin runs ahead of Alembic's table comparison): ticket tables are never
+in the metadata, and Alembic would propose to drop them — a ticket table holds the last id
+issued, and dropping it would issue the same ids twice — and so would it the stamp table
+(``tickets_stamps``, where each table's identity is recorded to notice a restore or a
+failover), a tier's tables that ``DatacenterTier`` made on first use (the ids in stock would be
+burned, every process of the datacenter would fail until they are back) and the lease table.
+Left out of the comparison, they are neither proposed for dropping nor logged as "removed".
+:func:`include_object` hides the same tables by name, for users who pass their own hooks.
 
 Datacenter tiers: when ``target_metadata`` holds a tier's two tables
 (:func:`~sqlalchemy_tickets.sources.datacenter.datacenter_tables`) and the database lacks
 them, the two ``op.create_table`` Alembic would write become one
 ``op.create_datacenter_tables(...)`` — the same DDL, and a downgrade of
-``op.drop_datacenter_tables(...)``. A tier's tables that are in the
-database but not in the metadata (``DatacenterTier`` creates them on first use) are never
-proposed for dropping: the ids in stock would be burned and every process of the datacenter
-would fail until they are back.
+``op.drop_datacenter_tables(...)``.
 
 Cut-over: a table that already exists, whose integer primary key becomes a ``TicketId`` drawing
 from a ticket table this same migration creates (the switch from an auto-increment key), also
@@ -45,7 +45,7 @@ Every run also makes the script import the modules of the package's column types
 :func:`~sqlalchemy_tickets.alembic.render.add_type_imports`).
 
 Turn the comparator off with ``context.configure(..., sqlalchemy_tickets_autogenerate=False)``
-(the imports are still written).
+(the imports are still written; the library's tables are then compared as any other).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ import logging
 import re
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -62,6 +63,7 @@ from alembic.operations import ops
 from sqlalchemy.engine import URL
 
 from .._naming import (
+    DEFAULT_LEASE_TABLE,
     DEFAULT_TABLE_TEMPLATE,
     DEFAULT_TIER_PREFIX,
     STAMP_TABLE,
@@ -122,19 +124,140 @@ _STOCK, _STATE = "__stock", "__state"
 def include_object(
     obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
 ) -> bool:
-    """An ``include_object`` hook that hides ticket tables from autogenerate.
+    """An ``include_object`` hook that hides the library's tables from autogenerate.
 
-    Pass it to ``context.configure(include_object=include_object)`` in ``env.py`` (or call it
-    from your own hook). Only tables that exist in the database but not in the metadata and
-    have a ticket table's name, or the name of a datacenter tier's table under the default
-    prefix (``tickets_dc__stock``, ``tickets_dc__state``), are hidden; everything else is
-    included.
+    The package's plugin leaves them out of the comparison by itself; this is for projects
+    that want it in their own hook (``context.configure(include_object=include_object)``, or
+    called from theirs). Only tables that exist in the database but not in the metadata and
+    have a ticket table's name (default template), the stamp table's, the lease table's
+    default name, or the name of a datacenter tier's table under the default prefix
+    (``tickets_dc__stock``, ``tickets_dc__state``), are hidden; everything else is included.
     """
     if type_ != "table" or not reflected or not isinstance(name, str):
         return True
     return not (
-        is_ticket_table_name(name) or name.lower() in _TIER_NAMES or name.lower() == STAMP_TABLE
+        is_ticket_table_name(name)
+        or name.lower() in _TIER_NAMES
+        or name.lower() in (STAMP_TABLE, DEFAULT_LEASE_TABLE)
     )
+
+
+class _LibraryTablesLeftOut:
+    """An autogenerate run's ``run_name_filters``, with the library's own tables left out:
+    those of the database's default schema that the target metadata does not declare and
+    that are the library's — ticket tables (by the default template and those of the
+    metadata's sources, Flickr's ``Tickets64``/``Tickets32``), the stamp table, the
+    worker-lease table under its default name, a datacenter tier's pair of tables (under the
+    default prefix by name; under another, by both names and their columns). Alembic then
+    neither reflects nor compares them: it proposes nothing for them and logs nothing
+    ("Detected removed table ...").
+
+    Tables the metadata declares (a tier's, the lease table's) are compared as any other."""
+
+    def __init__(
+        self, autogen_context: AutogenContext, wrapped: Callable[..., bool] | None
+    ) -> None:
+        self.context = autogen_context
+        #: The filters the run had (``None``: Alembic's own method, for the class-wide hook).
+        self.wrapped = wrapped
+        self._names: frozenset[str] | None = None
+
+    def __call__(self, name: str | None, type_: str, parent_names: Any) -> bool:
+        if self.left_out(name, type_, parent_names):
+            return False
+        return True if self.wrapped is None else self.wrapped(name, type_, parent_names)
+
+    def left_out(self, name: str | None, type_: str, parent_names: Any) -> bool:
+        if type_ != "table" or not isinstance(name, str):
+            return False
+        if not isinstance(parent_names, MutableMapping) or parent_names.get("schema_name"):
+            return False  # another schema than the default one: none of the library's
+        if self.context.opts.get(OPTION, True) is False:
+            return False
+        return name.lower() in self.names()
+
+    def names(self) -> frozenset[str]:
+        """The library's tables of this run, lower case: found once, from the database's
+        table names (read once per run, as Alembic reads them) and the metadata."""
+        if self._names is None:
+            self._names = _library_tables(self.context)
+        return self._names
+
+
+def _library_tables(autogen_context: AutogenContext) -> frozenset[str]:
+    metadata_tables = list(autogen_context.sorted_tables)
+    declared = {t.name.lower() for t in metadata_tables if t.schema is None}
+    templates = {DEFAULT_TABLE_TEMPLATE, *_wanted(metadata_tables).values()}
+    inspector = autogen_context.inspector
+    present = {name.lower(): name for name in inspector.get_table_names()}
+    found: set[str] = set()
+    for low, name in present.items():
+        if low in declared:
+            continue
+        if (
+            low in (STAMP_TABLE, DEFAULT_LEASE_TABLE)
+            or low in _TIER_NAMES
+            or any(is_ticket_table_name(name, template) for template in templates)
+        ):
+            found.add(low)
+            continue
+        prefix = _tier_prefix(low)
+        state = None if prefix is None or not low.endswith(_STOCK) else present.get(
+            prefix + _STATE
+        )
+        if prefix is None or state is None or state.lower() in declared:
+            continue
+        want_stock, want_state = _tier_columns(prefix)
+        if {c["name"].lower() for c in inspector.get_columns(name)} == want_stock and {
+            c["name"].lower() for c in inspector.get_columns(state)
+        } == want_state:
+            found.update((low, state.lower()))
+    return frozenset(found)
+
+
+def hide_library_tables(autogen_context: AutogenContext) -> None:
+    """Keep the library's own tables out of this autogenerate run's comparison (see
+    :class:`_LibraryTablesLeftOut`): its name filters, which Alembic runs on every table name
+    it reads from the database before reflecting the table, leave them out. Run by the
+    package's plugin ahead of Alembic's table comparison (Alembic >= 1.18); a second call on
+    the same run does nothing."""
+    current = autogen_context.run_name_filters
+    if not isinstance(current, _LibraryTablesLeftOut):
+        # The method of this run's context, not a private list of filters: its own filters
+        # (include_name) keep running, after the library's.
+        autogen_context.run_name_filters = _LibraryTablesLeftOut(  # type: ignore[method-assign]
+            autogen_context, current
+        )
+
+
+#: Each run's tables left out, where the hook is Alembic's class's (< 1.18).
+_left_out: weakref.WeakKeyDictionary[Any, _LibraryTablesLeftOut] = weakref.WeakKeyDictionary()
+
+
+def hide_library_tables_globally() -> None:
+    """:func:`hide_library_tables` for every autogenerate run, where Alembic has no plugins
+    (< 1.18) and so no hook that runs before its own table comparison: ``AutogenContext``'s
+    ``run_name_filters`` leaves the library's tables out, then runs the run's filters.
+    Once per process."""
+    from alembic.autogenerate.api import AutogenContext
+
+    with _register_lock:
+        original = AutogenContext.run_name_filters
+        if getattr(original, "sqlalchemy_tickets", False):
+            return
+
+        def run_name_filters(
+            self: AutogenContext, name: str | None, type_: Any, parent_names: Any
+        ) -> bool:
+            left_out = _left_out.get(self)
+            if left_out is None:
+                left_out = _left_out.setdefault(self, _LibraryTablesLeftOut(self, None))
+            if left_out.left_out(name, type_, parent_names):
+                return False
+            return bool(original(self, name, type_, parent_names))
+
+        run_name_filters.sqlalchemy_tickets = True  # type: ignore[attr-defined]
+        AutogenContext.run_name_filters = run_name_filters  # type: ignore[method-assign]
 
 
 def ticket_tables(
@@ -241,13 +364,6 @@ def _exists(name: str, existing: set[str], autogen_context: AutogenContext) -> b
     return bool(autogen_context.inspector.has_table(name))
 
 
-def _walk(container: ops.OpContainer) -> Iterator[ops.OpContainer]:
-    yield container
-    for op in container.ops:
-        if isinstance(op, ops.OpContainer):
-            yield from _walk(op)
-
-
 def compare_ticket_tables(
     autogen_context: AutogenContext, upgrade_ops: ops.UpgradeOps, schemas: Any
 ) -> None:
@@ -263,31 +379,10 @@ def compare_ticket_tables(
     metadata_tables = list(autogen_context.sorted_tables)
     connection = autogen_context.connection
     database = connection.engine.url if connection is not None else None
-    # Every template in use, for recognising ticket tables not to drop; only the tables drawn
-    # from this database, for proposing.
-    templates = {DEFAULT_TABLE_TEMPLATE, *_wanted(metadata_tables).values()}
     wanted = _wanted(metadata_tables, database, only_migrated=True)
 
-    # Never drop a ticket table: the last id issued would be lost, and ids issued again. (For a
-    # table it is about to drop, Alembic may also propose index changes: drop those too.)
     in_metadata = {t.name.lower() for t in metadata_tables if t.schema is None}
-
-    def unwanted(op: ops.MigrateOperation) -> bool:
-        if not isinstance(op, (ops.DropTableOp, ops.ModifyTableOps)):
-            return False
-        name = op.table_name
-        return (
-            op.schema is None
-            and name.lower() not in in_metadata
-            and (
-                name.lower() == STAMP_TABLE
-                or any(is_ticket_table_name(name, template) for template in templates)
-            )
-        )
-
-    for container in _walk(upgrade_ops):
-        container.ops = [op for op in container.ops if not unwanted(op)]
-    _compare_tier_tables(upgrade_ops, metadata_tables, in_metadata)
+    _compare_tier_tables(upgrade_ops, metadata_tables)
 
     if not wanted:
         return
@@ -389,11 +484,10 @@ def _is_tier_pair(prefix: str, stock: sa.Table, state: sa.Table) -> bool:
     )
 
 
-def _compare_tier_tables(
-    upgrade_ops: ops.UpgradeOps, metadata_tables: list[sa.Table], in_metadata: set[str]
-) -> None:
-    """Two ``CreateTableOp`` of a tier's tables become one ``CreateDatacenterTablesOp``; a
-    ``DropTableOp`` of a tier's table not in the metadata is taken out (module docstring)."""
+def _compare_tier_tables(upgrade_ops: ops.UpgradeOps, metadata_tables: list[sa.Table]) -> None:
+    """Two ``CreateTableOp`` of a tier's tables in the metadata become one
+    ``CreateDatacenterTablesOp`` (module docstring); a tier's tables not in the metadata are
+    not compared at all (:func:`hide_library_tables`)."""
     tiers: set[str] = set()  # prefixes (lower case) of the tiers declared in the metadata
     by_name = {t.name.lower(): t for t in metadata_tables if t.schema is None}
     for name in by_name:
@@ -403,24 +497,6 @@ def _compare_tier_tables(
         state = by_name.get(prefix.lower() + _STATE)
         if state is not None and _is_tier_pair(prefix, by_name[name], state):
             tiers.add(prefix.lower())
-
-    # Tables to drop, by name: a tier's pair is recognised by both names and their columns.
-    dropped = {
-        op.table_name.lower(): op
-        for op in upgrade_ops.ops
-        if isinstance(op, ops.DropTableOp) and op.schema is None
-        and op.table_name.lower() not in in_metadata
-    }
-    kept_tiers: set[str] = set()
-    for name, drop in dropped.items():
-        prefix = _tier_prefix(name)
-        if prefix is None or not name.endswith(_STOCK):
-            continue
-        state_drop = dropped.get(prefix.lower() + _STATE)
-        if state_drop is not None and _is_tier_pair(
-            prefix, drop.to_table(), state_drop.to_table()
-        ):
-            kept_tiers.add(prefix.lower())
 
     rewritten: list[ops.MigrateOperation] = []
     created: set[str] = set()
@@ -436,10 +512,10 @@ def _compare_tier_tables(
                 ]
                 if not op.ops:
                     continue
-        if isinstance(op, (ops.CreateTableOp, ops.DropTableOp)) and op.schema is None:
+        if isinstance(op, ops.CreateTableOp) and op.schema is None:
             prefix = _tier_prefix(op.table_name)
             key = prefix.lower() if prefix is not None else None
-            if isinstance(op, ops.CreateTableOp) and key in tiers:
+            if key in tiers:
                 assert prefix is not None and key is not None
                 if key not in created:
                     # The metadata's spelling of the prefix, from the stock table's name.
@@ -448,8 +524,6 @@ def _compare_tier_tables(
                         CreateDatacenterTablesOp(table_prefix=stock[: -len(_STOCK)])
                     )
                     created.add(key)
-                continue
-            if isinstance(op, ops.DropTableOp) and key in kept_tiers:
                 continue
         rewritten.append(op)
     upgrade_ops.ops = rewritten
