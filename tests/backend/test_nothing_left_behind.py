@@ -22,6 +22,7 @@ from alembic.migration import MigrationContext
 from alembic.operations import Operations
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+import sqlalchemy_tickets.alembic  # noqa: F401  (Alembic < 1.18: registers the operations)
 from sqlalchemy_tickets import DatacenterTier, TicketId, TicketServer, configure, drop_ticket_tables
 
 STAMPS = "tickets_stamps"
