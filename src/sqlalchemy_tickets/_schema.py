@@ -116,13 +116,18 @@ class TableSpec:
 
 
 def ticket_table(
-    backend: SchemaBackend, spec: TableSpec, metadata: sa.MetaData | None = None
+    backend: SchemaBackend,
+    spec: TableSpec,
+    metadata: sa.MetaData | None = None,
+    *,
+    schema: str | None = None,
 ) -> sa.Table:
-    """The Core ``Table`` of a ticket table (its DDL is what :func:`create_statements` emits)."""
+    """The Core ``Table`` of a ticket table (its DDL is what :func:`create_statements` emits);
+    ``schema``: in that schema (or attached database) rather than the default one."""
     metadata = metadata if metadata is not None else sa.MetaData()
     t = spec.table
     if t.flickr:
-        return flickr_table(backend, spec, metadata)
+        return flickr_table(backend, spec, metadata, schema=schema)
     return sa.Table(
         t.name,
         metadata,
@@ -132,10 +137,13 @@ def ticket_table(
         # cannot know which server it will run on.
         sa.Column("increment", sa.Integer, nullable=False, quote=True),
         sa.Column("offset", sa.Integer, nullable=False, quote=True),
+        schema=schema,
     )
 
 
-def flickr_table(backend: SchemaBackend, spec: TableSpec, metadata: sa.MetaData) -> sa.Table:
+def flickr_table(
+    backend: SchemaBackend, spec: TableSpec, metadata: sa.MetaData, *, schema: str | None = None
+) -> sa.Table:
     """Flickr's ``Tickets64``/``Tickets32``: on MySQL/MariaDB its published schema (unsigned
     auto-increment ``id``, unique ``stub``), elsewhere the same columns without the
     auto-increment (the library's take moves the one row)."""
@@ -156,6 +164,7 @@ def flickr_table(backend: SchemaBackend, spec: TableSpec, metadata: sa.MetaData)
             mysql_auto_increment=str(spec.first_id),
             mariadb_engine=spec.storage_engine,
             mariadb_auto_increment=str(spec.first_id),
+            schema=schema,
         )
     id_type = sa.BigInteger if spec.table.bits == 64 else sa.Integer
     return sa.Table(
@@ -166,6 +175,7 @@ def flickr_table(backend: SchemaBackend, spec: TableSpec, metadata: sa.MetaData)
         # Constraint names are per schema on PostgreSQL: Tickets64 and Tickets32 each need
         # their own (MySQL keeps Flickr's UNIQUE KEY `stub`).
         sa.UniqueConstraint("stub", name=f"{spec.table.name}_stub"),
+        schema=schema,
     )
 
 
@@ -190,15 +200,17 @@ def seed_row(backend: SchemaBackend, spec: TableSpec) -> dict[str, Any] | None:
     }
 
 
-def create_statements(backend: SchemaBackend, spec: TableSpec) -> list[sa.sql.Executable]:
+def create_statements(
+    backend: SchemaBackend, spec: TableSpec, *, schema: str | None = None
+) -> list[sa.sql.Executable]:
     """DDL and seed of a ticket table, and its registration in the stamp table (which must
     exist: :func:`stamp_statements` first); safe to run when they exist."""
-    table = ticket_table(backend, spec)
+    table = ticket_table(backend, spec, schema=schema)
     statements: list[sa.sql.Executable] = [sa.schema.CreateTable(table, if_not_exists=True)]
     row = seed_row(backend, spec)
     if row is not None:
         statements.append(backend.insert_seed(table, row))
-    statements += register_statements(backend, [spec.table.name])
+    statements += register_statements(backend, [spec.table.name], schema=schema)
     return statements
 
 
@@ -221,7 +233,9 @@ def drop_statements(
 # -- the stamp table -------------------------------------------------------------------------
 
 
-def stamp_table(backend: SchemaBackend, metadata: sa.MetaData | None = None) -> sa.Table:
+def stamp_table(
+    backend: SchemaBackend, metadata: sa.MetaData | None = None, *, schema: str | None = None
+) -> sa.Table:
     """What the library records about a database to notice that it went back in time: each
     ticket table's and datacenter tier's identity (``stamp``, keyed by table name; empty:
     registered, nothing recorded yet), and the highest id a tier stored from each upstream
@@ -235,22 +249,27 @@ def stamp_table(backend: SchemaBackend, metadata: sa.MetaData | None = None) -> 
         sa.Column("synchronous", sa.SmallInteger, nullable=False, server_default="0"),
         sa.Column("last_id", sa.BigInteger, nullable=True),
         comment="sqlalchemy-tickets: identities and high-water marks, to notice rewinds",
+        schema=schema,
         **backend.tier_table_options(),
     )
 
 
-def stamp_statements(backend: SchemaBackend) -> list[sa.sql.Executable]:
+def stamp_statements(
+    backend: SchemaBackend, *, schema: str | None = None
+) -> list[sa.sql.Executable]:
     """DDL creating the stamp table, safe to run when it exists: made with the ticket tables,
     by every path that makes them, so that at run time a role with only SELECT, INSERT,
     UPDATE and DELETE keeps every guard against rewinds."""
-    return [sa.schema.CreateTable(stamp_table(backend), if_not_exists=True)]
+    return [sa.schema.CreateTable(stamp_table(backend, schema=schema), if_not_exists=True)]
 
 
-def register_statements(backend: SchemaBackend, names: Iterable[str]) -> list[sa.sql.Executable]:
+def register_statements(
+    backend: SchemaBackend, names: Iterable[str], *, schema: str | None = None
+) -> list[sa.sql.Executable]:
     """A row for each table of ``names`` in the stamp table, where it has none (a row a
     client wrote, with an identity, stays as it is): what keeps the stamp table while the
     table exists."""
-    t = stamp_table(backend)
+    t = stamp_table(backend, schema=schema)
     return [backend.insert_seed(t, {"name": name}) for name in dict.fromkeys(names)]
 
 

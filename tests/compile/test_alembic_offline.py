@@ -619,6 +619,37 @@ def test_sync_ticket_sequence_render_reverse_and_diff() -> None:
         SyncTicketSequenceOp("photos", "photos; DROP TABLE x", "id")
 
 
+def test_an_embedded_sync_attaches_the_sibling_file_on_sqlite_only() -> None:
+    """``embedded=True``: on SQLite the embedded default's ticket table is in the ``-tickets``
+    sibling file, which the script attaches (found by the database as the script runs), makes
+    the table in where missing, moves, and detaches; elsewhere it is the migrated database's,
+    and the script is the plain sync's."""
+    op, buffer = _named_ops("sqlite")
+    op.sync_ticket_sequence("photos", "photos", "id", embedded=True)  # type: ignore[attr-defined]
+    statements = [s.strip() for s in buffer.getvalue().split(";\n") if s.strip()]
+    assert statements[0].startswith("ATTACH DATABASE (SELECT CASE WHEN file = '' THEN")
+    assert statements[0].endswith(
+        "FROM pragma_database_list WHERE name = 'main') AS tickets_embedded"
+    )
+    assert statements[1].startswith("CREATE TABLE IF NOT EXISTS tickets_embedded.tickets_stamps")
+    assert statements[2].startswith("CREATE TABLE IF NOT EXISTS tickets_embedded.tickets__photos")
+    assert statements[3].startswith("INSERT OR IGNORE INTO tickets_embedded.tickets__photos")
+    assert statements[4].startswith("INSERT OR IGNORE INTO tickets_embedded.tickets_stamps")
+    assert statements[5].startswith("UPDATE tickets_embedded.tickets__photos SET id=")
+    assert "SELECT coalesce(max(photos.id), 0)" in statements[5]
+    assert statements[6:] == ["DETACH DATABASE tickets_embedded"]
+    for dialect in ("postgresql", "mysql"):
+        plain, embedded = _named_ops(dialect), _named_ops(dialect)
+        plain[0].sync_ticket_sequence("photos", "photos", "id")  # type: ignore[attr-defined]
+        embedded[0].sync_ticket_sequence("photos", "photos", "id", embedded=True)  # type: ignore[attr-defined]
+        assert embedded[1].getvalue() == plain[1].getvalue()
+    code = render_python_code(ops.UpgradeOps(ops=[
+        SyncTicketSequenceOp("photos", "photos", "id", bits=32, embedded=True)]))
+    assert "op.sync_ticket_sequence('photos', 'photos', 'id', bits=32, embedded=True)" in code
+    with pytest.raises(TicketsError):
+        SyncTicketSequenceOp("photos", "photos", "id", embedded="yes")  # type: ignore[arg-type]
+
+
 def test_cutover_example_offline() -> None:
     sql = offline("postgresql-cutover", "upgrade", "head", url=OFFLINE_URLS["postgresql"])
     assert "UPDATE tickets__photos SET id=" in sql

@@ -38,7 +38,10 @@ them, the two ``op.create_table`` Alembic would write become one
 Cut-over: a table that already exists, whose integer primary key becomes a ``TicketId`` drawing
 from a ticket table this same migration creates (the switch from an auto-increment key), also
 gets ``op.sync_ticket_sequence(sequence, table, column)`` after the ``create_ticket_table``: the
-new sequence starts above the ids the table holds when the migration runs.
+new sequence starts above the ids the table holds when the migration runs. On a SQLite file,
+whose embedded default keeps its ticket tables in the ``-tickets`` sibling, such a key drawing
+from the embedded default gets ``op.sync_ticket_sequence(..., embedded=True)`` while the sibling
+lacks the sequence's table: the operation makes it there, above the rows.
 
 Every run also makes the script import the modules of the package's column types it writes
 (``import sqlalchemy_tickets`` for ``sqlalchemy_tickets.TicketId(...)``; see
@@ -55,7 +58,7 @@ import re
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -384,8 +387,6 @@ def compare_ticket_tables(
     in_metadata = {t.name.lower() for t in metadata_tables if t.schema is None}
     _compare_tier_tables(upgrade_ops, metadata_tables)
 
-    if not wanted:
-        return
     existing = set(autogen_context.inspector.get_table_names())
     proposed = {
         op.table_name.lower() for op in upgrade_ops.ops if isinstance(op, CreateTicketTableOp)
@@ -399,9 +400,48 @@ def compare_ticket_tables(
             CreateTicketTableOp(table.sequence, bits=table.bits, table_template=template)
         )
         proposed.add(table.name.lower())
-    upgrade_ops.ops.extend(
-        _cut_overs(autogen_context, metadata_tables, database, proposed, existing)
-    )
+    upgrade_ops.ops.extend(_cut_overs(autogen_context, metadata_tables, database, proposed,
+                                      existing))
+    upgrade_ops.ops.extend(_embedded_cut_overs(autogen_context, metadata_tables, database,
+                                               existing))
+
+
+def _switched_keys(
+    autogen_context: AutogenContext, metadata_tables: list[sa.Table], existing: set[str]
+) -> Iterator[tuple[sa.Table, sa.Column[Any], TicketId, str, TicketTable]]:
+    """``(table, column, type, template, ticket table)`` of each table that already exists in
+    the database and whose integer primary key now draws from a ``TicketId``: the switch from
+    an auto-increment key (a foreign key draws nothing)."""
+    for table in metadata_tables:
+        if table.schema is not None or not _exists(table.name, existing, autogen_context):
+            continue
+        reflected: dict[str, Any] | None = None
+        for column in table.primary_key.columns:
+            type_ = column.type
+            if not isinstance(type_, TicketId) or column.foreign_keys:
+                continue
+            if reflected is None:
+                reflected = {
+                    c["name"].lower(): c
+                    for c in autogen_context.inspector.get_columns(table.name)
+                }
+            before = reflected.get(column.name.lower())
+            if before is None or not isinstance(before["type"], sa.Integer):
+                continue  # a new column, or one whose values no sequence could have issued
+            template = _template(type_)
+            yield table, column, type_, template, ticket_table(type_.sequence, type_.bits, template)
+
+
+def _sync(
+    table: sa.Table, column: sa.Column[Any], type_: TicketId, template: str, *, embedded: bool
+) -> list[SyncTicketSequenceOp]:
+    try:
+        return [SyncTicketSequenceOp(type_.sequence, table.name, column.name, bits=type_.bits,
+                                     table_template=template, embedded=embedded)]
+    except TicketsError as error:
+        log.warning("not proposing to sync %s above %s.%s: %s",
+                    type_.sequence or "Tickets", table.name, column.name, error)
+        return []
 
 
 def _cut_overs(
@@ -421,36 +461,53 @@ def _cut_overs(
     Proposed only together with the ticket table, so the next autogenerate is quiet again.
     """
     found: list[SyncTicketSequenceOp] = []
-    for table in metadata_tables:
-        if table.schema is not None or not _exists(table.name, existing, autogen_context):
-            continue
-        reflected: dict[str, Any] | None = None
-        for column in table.primary_key.columns:
-            type_ = column.type
-            if not isinstance(type_, TicketId) or column.foreign_keys:
-                continue
-            template = _template(type_)
-            ticket = ticket_table(type_.sequence, type_.bits, template)
-            if ticket.name.lower() not in new_ticket_tables or not draws_from(type_, database):
-                continue
-            if reflected is None:
-                reflected = {
-                    c["name"].lower(): c
-                    for c in autogen_context.inspector.get_columns(table.name)
-                }
-            before = reflected.get(column.name.lower())
-            if before is None or not isinstance(before["type"], sa.Integer):
-                continue  # a new column, or one whose values no sequence could have issued
-            try:
-                found.append(
-                    SyncTicketSequenceOp(
-                        type_.sequence, table.name, column.name,
-                        bits=type_.bits, table_template=template,
-                    )
-                )
-            except TicketsError as error:
-                log.warning("not proposing to sync %s above %s.%s: %s",
-                            ticket.label, table.name, column.name, error)
+    for table, column, type_, template, ticket in _switched_keys(
+        autogen_context, metadata_tables, existing
+    ):
+        if ticket.name.lower() in new_ticket_tables and draws_from(type_, database):
+            found += _sync(table, column, type_, template, embedded=False)
+    return found
+
+
+def _embedded_cut_overs(
+    autogen_context: AutogenContext,
+    metadata_tables: list[sa.Table],
+    database: URL | None,
+    existing: set[str],
+) -> list[SyncTicketSequenceOp]:
+    """The cut-over where the embedded default keeps the ticket tables in a database of their
+    own (a SQLite file: the ``-tickets`` sibling, made on first use), so that no ticket table
+    is proposed. A table switched from auto-increment still needs its sequence above its
+    rows, or the first flush finds them in use and moves the sequence a margin above them (a
+    WARNING, and a jump of a million ids): ``op.sync_ticket_sequence(..., embedded=True)``
+    makes the sequence there above the rows as the migration runs. Proposed while that
+    database lacks the sequence's table, so the next autogenerate is quiet again."""
+    from ..dialects import backend_for
+
+    if database is None or autogen_context.connection is None:
+        return []
+    try:
+        backend = backend_for(database.get_backend_name())
+    except TicketsError:
+        return []
+    if not backend.seen_apart(database):
+        return []  # an in-memory database: its embedded default is out of a migration's reach
+    configured = _runtime("default", "configured_source")
+    if configured is not None and configured() is not None:
+        return []  # the columns without a source draw from the configured one
+    keys = [
+        key for key in _switched_keys(autogen_context, metadata_tables, existing)
+        if key[2].source is None
+    ]
+    if not keys:
+        return []
+    there = backend.embedded_tables(autogen_context.connection, [key[4].name for key in keys])
+    if there is None:
+        return []  # in the migrated database itself: proposed with the ticket table, above
+    found: list[SyncTicketSequenceOp] = []
+    for table, column, type_, template, ticket in keys:
+        if ticket.name not in there:
+            found += _sync(table, column, type_, template, embedded=True)
     return found
 
 

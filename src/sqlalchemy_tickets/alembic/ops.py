@@ -423,7 +423,13 @@ class SyncTicketSequenceOp(_TicketTableOp):
     runs, with ``max(column)`` read by the database as it runs: one UPDATE that never moves a
     sequence down, so it is safe beside running clients, and the same online and in ``--sql``
     scripts. Autogenerate proposes it (see :mod:`sqlalchemy_tickets.alembic.compare`).
-    Irreversible: its reverse does nothing (ids are never handed out twice)."""
+    Irreversible: its reverse does nothing (ids are never handed out twice).
+
+    ``embedded``: the sequence is the embedded default's. On a SQLite file the embedded
+    default keeps its ticket tables in the ``-tickets`` sibling file: the operation attaches
+    it, makes the ticket table there if it is missing (as the embedded default would on first
+    use, with its stamp table), moves it, and detaches it. Elsewhere the embedded default's
+    tables are the migrated database's, and ``embedded`` changes nothing."""
 
     def __init__(
         self,
@@ -433,10 +439,14 @@ class SyncTicketSequenceOp(_TicketTableOp):
         *,
         bits: int = 64,
         table_template: str = DEFAULT_TABLE_TEMPLATE,
+        embedded: bool = False,
     ) -> None:
         super().__init__(sequence, bits=bits, table_template=table_template)
         self.table = _identifier("table", table)
         self.column = _identifier("column", column)
+        if not isinstance(embedded, bool):
+            raise TicketsError(f"embedded must be True or False, not {embedded!r}")
+        self.embedded = embedded
 
     @classmethod
     def sync_ticket_sequence(
@@ -448,16 +458,21 @@ class SyncTicketSequenceOp(_TicketTableOp):
         *,
         bits: int = 64,
         table_template: str = DEFAULT_TABLE_TEMPLATE,
+        embedded: bool = False,
     ) -> None:
         """Make every id ``sequence`` issues from now on larger than ``max(table.column)``.
 
         :param sequence: the sequence name (case-insensitive); ``None``: Flickr's ``Tickets64``
-            (``bits=32``: ``Tickets32``). Its ticket table must exist in the migrated database.
+            (``bits=32``: ``Tickets32``). Its ticket table must exist in the migrated database
+            (but see ``embedded``).
         :param table: the application table whose ids the sequence must pass.
         :param column: its integer key (the column an auto-increment filled).
+        :param embedded: the sequence is the embedded default's: on a SQLite file, its
+            ticket table is in the ``-tickets`` sibling file (made there if missing).
         """
         operations.invoke(
-            cls(sequence, table, column, bits=bits, table_template=table_template)
+            cls(sequence, table, column, bits=bits, table_template=table_template,
+                embedded=embedded)
         )
 
     def reverse(self) -> MigrateOperation:
@@ -465,6 +480,12 @@ class SyncTicketSequenceOp(_TicketTableOp):
 
     def to_diff_tuple(self) -> tuple[Any, ...]:
         return ("sync_ticket_sequence", self.ticket_table, self.table, self.column)
+
+    def render_kwargs(self) -> dict[str, Any]:
+        kw = super().render_kwargs()
+        if self.embedded:
+            kw["embedded"] = True
+        return kw
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.table_name} above {self.table}.{self.column}>"

@@ -206,7 +206,20 @@ def sync_ticket_sequence(operations: Operations, operation: SyncTicketSequenceOp
 
     backend = _backend(operations)
     spec = _schema.TableSpec(operation.ticket_table)
-    t = _schema.ticket_table(backend, spec)
+    attach = backend.embedded_attach(_EMBEDDED) if operation.embedded else None
+    schema = None if attach is None else _EMBEDDED
+    t = _schema.ticket_table(backend, spec, schema=schema)
+    attached_here = False
+    if attach is not None:
+        # The embedded default's own database (SQLite: the -tickets sibling file), made with
+        # the ticket table where the application never drew an id yet, as the embedded
+        # default would make them on first use.
+        attached_here = operations.get_context().as_sql or not backend.is_attached(
+            operations.get_bind(), _EMBEDDED)
+        if attached_here:
+            _emit_all(operations, attach[0])
+        _emit_all(operations, _schema.stamp_statements(backend, schema=schema))
+        _emit_all(operations, _schema.create_statements(backend, spec, schema=schema))
     if _schema.seed_row(backend, spec) is None:
         # Flickr's table on MySQL/MariaDB starts without its row (the first REPLACE INTO makes
         # it), and an UPDATE of no row would move nothing: make the row as a legacy client
@@ -216,6 +229,26 @@ def sync_ticket_sequence(operations: Operations, operation: SyncTicketSequenceOp
     floor = sa.select(sa.func.coalesce(sa.func.max(source.c[operation.column]), 0))
     # The statement `sqlalchemy-tickets sync` runs, with the floor read by the database.
     _emit(operations, backend.raise_floor_statement(t, floor.scalar_subquery()))
+    if attach is not None and attached_here:
+        _detach(operations, attach[1])
+
+
+#: The schema name the embedded default's database is attached as (``embedded=True``).
+_EMBEDDED = "tickets_embedded"
+
+
+def _detach(operations: Operations, statements: list[sa.sql.Executable]) -> None:
+    if operations.get_context().as_sql:
+        _emit_all(operations, statements)
+        return
+    try:
+        _emit_all(operations, statements)
+    except sa.exc.OperationalError as error:
+        # SQLite detaches nothing inside a transaction (the migration's, once it wrote):
+        # "database ... is locked". It stays attached until the connection closes, and a
+        # later operation on this connection uses it as it is.
+        if "locked" not in str(error.orig):
+            raise
 
 
 @Operations.implementation_for(RestrideTicketTableOp)

@@ -346,6 +346,27 @@ class TicketBackend:
         """Where the embedded default keeps the ticket tables of an application database."""
         return app_url
 
+    def embedded_attach(
+        self, alias: str
+    ) -> tuple[list[sa.sql.Executable], list[sa.sql.Executable]] | None:
+        """Where the embedded default keeps an application database's ticket tables in
+        another database (:meth:`embedded_url`): the statements that attach it, as the schema
+        ``alias``, to a connection of the application's database, and those that detach it —
+        the same online and in a ``--sql`` script. ``None``: they are in the application's
+        own database."""
+        return None
+
+    def is_attached(self, connection: sa.Connection, alias: str) -> bool:
+        """Whether :meth:`embedded_attach` attached ``alias`` to ``connection`` already."""
+        return False
+
+    def embedded_tables(self, connection: sa.Connection, names: Sequence[str]) -> set[str] | None:
+        """Those of ``names`` that are tables where the embedded default keeps the ticket
+        tables of the application database ``connection`` is on, when that is another
+        database (:meth:`embedded_attach`), read without creating it; ``None``: it is that
+        database itself."""
+        return None
+
     def seen_apart(self, app_url: URL) -> bool:
         """Whether a connection of the library's own to the application's database sees what
         the application's connections see (not an in-memory SQLite database: each connection
