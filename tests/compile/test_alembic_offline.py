@@ -109,6 +109,10 @@ def test_app_examples_offline_upgrade(example: str, dialect: str) -> None:
     assert seed_insert(dialect, 0, 1, 1) in sql
     # The ticket table comes after the application table, and its seed after its CREATE.
     assert sql.index("CREATE TABLE photos") < sql.index("tickets__photos") < sql.index("INSERT")
+    # With the stamp table, before it, and its registration there, after it.
+    register = "INTO tickets_stamps (name) VALUES ('tickets__photos')"
+    assert sql.index("CREATE TABLE IF NOT EXISTS tickets_stamps") < sql.index(NAMED_CREATE[dialect])
+    assert sql.index(seed_insert(dialect, 0, 1, 1)) < sql.index(register)
 
 
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql", "mysql"])
@@ -124,11 +128,29 @@ def test_postgresql_example_takes_its_stride_from_x_args(dialect: str) -> None:
     assert seed_insert(dialect, -1, 2, 1) in sql
 
 
+#: How each dialect's ``--sql`` downgrade drops the stamp table with the last ticket table.
+STAMPS_DROPPED = {
+    "sqlite": "-- sqlalchemy-tickets: tickets_stamps stays: this database cannot drop it only",
+    "postgresql": "DO $tickets$ BEGIN IF NOT EXISTS (SELECT 1 FROM tickets_stamps) THEN LOCK "
+    "TABLE tickets_stamps IN ACCESS EXCLUSIVE MODE; IF NOT EXISTS (SELECT 1 FROM tickets_stamps)"
+    " THEN DROP TABLE tickets_stamps; END IF; END IF; END $tickets$;",
+    "mysql": "SET @tickets_drop_if_empty = IF(EXISTS (SELECT 1 FROM tickets_stamps), 'DO 0', "
+    "'DROP TABLE IF EXISTS tickets_stamps');\n\nPREPARE tickets_drop_if_empty FROM "
+    "@tickets_drop_if_empty;\n\nEXECUTE tickets_drop_if_empty;\n\n"
+    "DEALLOCATE PREPARE tickets_drop_if_empty;",
+}
+
+
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql", "mysql"])
 def test_app_examples_offline_downgrade(dialect: str) -> None:
     sql = offline("sqlite", "downgrade", "0001:base", url=OFFLINE_URLS[dialect])
     assert "DROP TABLE IF EXISTS tickets__photos;" in sql
     assert sql.index("DROP TABLE IF EXISTS") < sql.index("DROP TABLE photos")
+    # Its row forgotten, then the stamp table dropped where no row is left (the database
+    # decides as the script runs; SQLite's script says it cannot).
+    forget = "DELETE FROM tickets_stamps WHERE tickets_stamps.name = 'tickets__photos';"
+    assert sql.index("DROP TABLE IF EXISTS tickets__photos;") < sql.index(forget)
+    assert sql.index(forget) < sql.index(STAMPS_DROPPED[dialect])
 
 
 @pytest.mark.parametrize("dialect", ["mysql", "mariadb"])

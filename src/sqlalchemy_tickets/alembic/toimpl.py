@@ -14,6 +14,11 @@ its table exists).
 Online, the statements share the migration's transaction, unless the operation runs in
 ``op.get_context().autocommit_block()``: there tables are created in batches, each batch one
 transaction under the tables' creation locks, as ``TicketServer.create_tables`` does.
+
+The stamp table goes with the ticket tables and the tiers: made with them, each registered in
+it (online, tables that were there already too), and dropped with the last of them — in SQL
+the database runs where it can say "if no row is left" (PostgreSQL, MySQL/MariaDB); on SQLite
+the operation looks itself online, and a script keeps the table with a comment saying so.
 """
 
 from __future__ import annotations
