@@ -144,6 +144,10 @@ STAMP_TABLE = "tickets_stamps"
 STAMP_NAME_LENGTH = 200
 
 
+#: The table ``SnowflakeId`` leases its worker ids from, unless named otherwise.
+DEFAULT_LEASE_TABLE = "tickets_worker_leases"
+
+
 #: Where a :class:`~sqlalchemy_tickets.sources.datacenter.DatacenterTier` keeps its stock: two
 #: tables named ``<prefix>__stock`` and ``<prefix>__state``. A single underscore after
 #: ``tickets`` keeps them apart from every sequence table of the default template

@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from . import _schema
 from ._naming import STAMP_TABLE, ticket_table
+from ._schema import TableSpec
 from .columns import TicketId
 from .dialects._connect import engine_of
-from .dialects.base import TableSpec
 from .errors import TicketsError
 from .sources.default import configured_source, forget_embedded
 from .sources.server import TicketServer
@@ -32,7 +33,9 @@ def drop_ticket_tables(
     application's tables but not the ticket tables kept beside them (in the same database;
     SQLite: the sibling ``-tickets`` file), so ids would go on where the previous test left off.
     This closes the embedded default of ``bind``'s engine (ids in hand are dropped with the
-    tables) and drops the tables; the next flush makes both again.
+    tables) and drops the tables, their rows in the stamp table (``tickets_stamps``) and, once
+    no table of the library is left in that database, the stamp table itself; the next flush
+    makes them again.
 
     Raises :class:`TicketsError`, before dropping anything, if a column draws from another
     source (``TicketId(source=...)`` or :func:`configure`): that source's tables and the ids it
@@ -58,19 +61,28 @@ def drop_ticket_tables(
     if not wanted:
         return []
     server = TicketServer(engine, embedded=True)
-    dropped = []
+    backend = server.backend
+    tables = [ticket_table(sequence, bits, server.table_template)
+              for sequence, bits in sorted(wanted, key=lambda key: (key[0] or "", key[1]))]
     try:
         with server.own.connect() as conn:
-            stamps = STAMP_TABLE in server.backend.existing_tables(conn, [STAMP_TABLE])
-            for sequence, bits in sorted(wanted, key=lambda key: (key[0] or "", key[1])):
-                tickets = ticket_table(sequence, bits, server.table_template)
-                for statement in server.backend.drop_statements(TableSpec(tickets),
-                                                                stamps=stamps):
-                    conn.execute(statement)
-                dropped.append(tickets.name)
+            stamps = STAMP_TABLE in backend.existing_tables(conn, [STAMP_TABLE])
+            specs = [TableSpec(table) for table in tables]
+            for statement in _schema.drop_statements(backend, specs, stamps=False):
+                conn.execute(statement)
+            if stamps:
+                # Their rows forgotten, and the stamp table dropped if no other table of the
+                # library uses it: nothing of the library is left behind (in one transaction,
+                # so that on SQLite the look and the drop are one step).
+                with backend.transaction(conn, server.timeout):
+                    for statement in _schema.forget_statements(
+                        backend, [table.name for table in tables]
+                    ):
+                        conn.execute(statement)
+                    backend.drop_unused_stamps(conn)
     finally:
         server.close()
-    return dropped
+    return [table.name for table in tables]
 
 
 def _engine(bind: object) -> Engine:

@@ -11,18 +11,22 @@ older than 1.18 has no plugins; there ``env.py`` also gets the documented
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
-from sqlalchemy_tickets import TicketServer
+from sqlalchemy_tickets import DatacenterTier, TicketId, TicketServer, configure
+from sqlalchemy_tickets.sources.lease import create_lease_table
 
 #: Alembic >= 1.18 loads the package's plugin by itself.
 PLUGINS = importlib.util.find_spec("alembic.runtime.plugins") is not None
@@ -94,20 +98,24 @@ def project(initialized: Path, tmp_path: Path) -> Callable[[str], Path]:
 
 
 def alembic(where: Path, *args: str, app: str) -> str:
-    """The real ``alembic`` command in the project's directory; fails the test on an error."""
+    """The real ``alembic`` command in the project's directory; fails the test on an error.
+    Returns what it printed, its log (stderr, as ``alembic init`` configures it) included."""
     result = subprocess.run(
         [*_alembic_command(), *args],
         cwd=where, env={**os.environ, "APP_URL": app},
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
+    return result.stdout + result.stderr
 
 
-def autogenerate(where: Path, message: str, *, app: str) -> str:
-    """``alembic revision --autogenerate``; the text of the script it wrote."""
+def autogenerate(where: Path, message: str, *, app: str, log: list[str] | None = None) -> str:
+    """``alembic revision --autogenerate``; the text of the script it wrote (``log``: gets
+    what the command printed and logged)."""
     before = set((where / "migrations" / "versions").glob("*.py"))
-    alembic(where, "revision", "--autogenerate", "-m", message, app=app)
+    output = alembic(where, "revision", "--autogenerate", "-m", message, app=app)
+    if log is not None:
+        log.append(output)
     (script,) = set((where / "migrations" / "versions").glob("*.py")) - before
     return script.read_text()
 
@@ -234,3 +242,172 @@ sa.Table("photos", target_metadata,
     assert next_id(url, "photos", bits=bits) > 500
     # Proposed with the ticket table only: the next autogenerate has nothing to do.
     assert upgrade_ops(autogenerate(where, "nothing", app=url)) == []
+
+
+def library_tables(url: str) -> set[str]:
+    """Every table of the library (each name it makes starts with "tickets")."""
+    return {name for name in table_names(url) if name.startswith("tickets")}
+
+
+def run_tier(url: str, prefix: str, upstream_url: str) -> None:
+    """A datacenter tier that made its tables in ``url`` on first use and issued ids (so that
+    it recorded its identity and its upstream mark in the stamp table)."""
+    upstream = TicketServer(upstream_url)
+    tier = DatacenterTier(url, upstream, table_prefix=prefix, min_block=10, timeout=10.0)
+    try:
+        assert len(tier.next_block("photos", 3)) == 3
+    finally:
+        tier.close()
+        upstream.close()
+
+
+PHOTOS = '''
+sa.Table("photos", target_metadata, sa.Column("id", TicketId("Photos"), primary_key=True),
+         sa.Column("title", sa.String(200)))
+'''
+
+
+@pytest.mark.backend("sqlite", "postgresql", "mysql")
+def test_a_second_autogenerate_compares_none_of_the_librarys_tables(
+    backend: str, make_database: Callable[[str], str], project: Callable[[str], Path]
+) -> None:
+    """After the application ran — its stamp table, tiers made on first use (the default
+    prefix and another), the worker-lease table — autogenerate proposes nothing and logs
+    nothing of them: Alembic never compared them."""
+    url = make_database(backend)
+    where = project(url)
+    (where / "models.py").write_text(MODELS_HEAD + DRAW_FROM_THE_APP + PHOTOS)
+    autogenerate(where, "models", app=url)
+    alembic(where, "upgrade", "head", app=url)
+    assert next_id(url, "photos") == 1
+    upstream = make_database("sqlite")
+    run_tier(url, "tickets_dc", upstream)
+    run_tier(url, "tickets_eu", upstream)
+    create_lease_table(url)
+    assert library_tables(url) == {
+        "tickets__photos", "tickets_stamps", "tickets_dc__stock", "tickets_dc__state",
+        "tickets_eu__stock", "tickets_eu__state", "tickets_worker_leases",
+    }
+
+    log: list[str] = []
+    assert upgrade_ops(autogenerate(where, "nothing", app=url, log=log)) == []
+    assert "Detected" not in log[0], log[0]
+    # Once more, on the database that revision brought up to date: still nothing.
+    alembic(where, "upgrade", "head", app=url)
+    assert upgrade_ops(autogenerate(where, "still nothing", app=url, log=log)) == []
+    assert "Detected" not in log[1], log[1]
+
+
+@pytest.mark.backend("sqlite", "postgresql", "mysql")
+def test_downgrade_base_after_the_application_ran_leaves_nothing_behind(
+    backend: str, make_database: Callable[[str], str], project: Callable[[str], Path]
+) -> None:
+    url = make_database(backend)
+    where = project(url)
+    (where / "models.py").write_text(MODELS_HEAD + DRAW_FROM_THE_APP + PHOTOS + '''
+sa.Table("tags", target_metadata, sa.Column("id", TicketId("tags", bits=32), primary_key=True))
+''')
+    autogenerate(where, "models", app=url)
+    alembic(where, "upgrade", "head", app=url)
+    # The application ran: its identities recorded at first contact.
+    assert next_id(url, "photos") == 1
+    assert next_id(url, "tags", bits=32) == 1
+    assert library_tables(url) == {"tickets__photos", "tickets__tags", "tickets_stamps"}
+
+    alembic(where, "downgrade", "base", app=url)
+    assert library_tables(url) == set()
+    assert table_names(url) == {"alembic_version"}
+
+
+def _legacy_photos(url: str) -> None:
+    """The application as it was, before it had migrations: an auto-increment key (SERIAL,
+    AUTO_INCREMENT, SQLite's rowid) and rows in it, up to id 500."""
+    before = sa.MetaData()
+    photos = sa.Table("photos", before, sa.Column("id", sa.Integer, primary_key=True),
+                      sa.Column("title", sa.String(200)))
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        before.create_all(engine)
+        with engine.begin() as conn:
+            conn.execute(sa.insert(photos), [{"title": "a"}, {"title": "b"}])
+            conn.execute(sa.insert(photos), [{"id": 500, "title": "imported"}])
+    finally:
+        engine.dispose()
+
+
+#: The model switched to TicketId, on the embedded default (nothing configured). SQLite cannot
+#: change a column's type without batch mode: the 32-bit ids keep the INTEGER column as it is.
+EMBEDDED_PHOTOS = '''
+sa.Table("photos", target_metadata,
+         sa.Column("id", TicketId("Photos", bits=32), primary_key=True),
+         sa.Column("title", sa.String(200)))
+'''
+
+
+def first_flush(url: str, caplog: pytest.LogCaptureFixture) -> list[int]:
+    """The application's first inserts after the cut-over, on the embedded default, with
+    nothing the library logged at WARNING."""
+    configure(None)
+    photos = sa.Table("photos", sa.MetaData(),
+                      sa.Column("id", TicketId("Photos", bits=32), primary_key=True),
+                      sa.Column("title", sa.String(200)))
+    engine = sa.create_engine(url)
+    try:
+        with caplog.at_level(logging.WARNING, logger="sqlalchemy_tickets"):
+            with engine.begin() as conn:
+                conn.execute(photos.insert(), [{"title": f"new {n}"} for n in range(3)])
+            with engine.connect() as conn:
+                ids = sorted(conn.scalars(sa.select(photos.c.id).where(photos.c.id > 500)))
+    finally:
+        engine.dispose()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    return ids
+
+
+@pytest.mark.backend("sqlite")
+def test_cut_over_of_a_sqlite_file_on_the_embedded_default_issues_right_above_the_rows(
+    make_database: Callable[[str], str], project: Callable[[str], Path],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """On a SQLite file the embedded default keeps its tickets in the ``-tickets`` sibling:
+    autogenerate proposes the sync there, and the first flush after the migration issues the
+    ids right above the table's largest (no jump of a margin, no WARNING)."""
+    url = make_database("sqlite")
+    where = project(url)
+    _legacy_photos(url)
+    (where / "models.py").write_text(MODELS_HEAD + EMBEDDED_PHOTOS)
+    script = autogenerate(where, "tickets", app=url)
+    sync = "op.sync_ticket_sequence('photos', 'photos', 'id', bits=32, embedded=True)"
+    assert upgrade_ops(script) == [sync]  # no ticket table: the embedded default's file has it
+    assert "sync_ticket_sequence" not in script.split("def downgrade()")[1]  # irreversible
+
+    alembic(where, "upgrade", "head", app=url)
+    assert "tickets__photos" not in table_names(url)  # in the sibling, where it is used
+    assert first_flush(url, caplog) == [501, 502, 503]
+    # Made where the embedded default keeps it: the next autogenerate has nothing to do.
+    assert upgrade_ops(autogenerate(where, "nothing", app=url)) == []
+
+
+@pytest.mark.backend("sqlite")
+def test_cut_over_of_a_sqlite_file_on_the_embedded_default_offline(
+    make_database: Callable[[str], str], project: Callable[[str], Path],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The same migration as a ``--sql`` script, run by hand on another copy of the
+    application's file: the script finds that file's sibling itself (ATTACH ...
+    pragma_database_list), whatever path it runs with."""
+    url = make_database("sqlite")
+    where = project(url)
+    _legacy_photos(url)
+    (where / "models.py").write_text(MODELS_HEAD + EMBEDDED_PHOTOS)
+    autogenerate(where, "tickets", app=url)
+    script = alembic(where, "upgrade", "head", "--sql", app=url)
+    assert "ATTACH DATABASE (SELECT CASE WHEN file = '' THEN ':memory:' ELSE file || " in script
+    sql = script.split("INFO  [alembic")[0]  # the log follows the script on the output
+    production = make_database("sqlite")
+    _legacy_photos(production)
+    path = sa.engine.make_url(production).database
+    assert path is not None
+    with closing(sqlite3.connect(path)) as db:
+        db.executescript(sql)
+    assert first_flush(production, caplog) == [501, 502, 503]

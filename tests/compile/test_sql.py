@@ -7,6 +7,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from sqlalchemy_tickets._naming import ticket_table
+from sqlalchemy_tickets._schema import drop_unused_stamps_statements
 from sqlalchemy_tickets.dialects import backend_for
 from sqlalchemy_tickets.dialects.base import TableSpec
 from sqlalchemy_tickets.errors import TicketsError
@@ -26,10 +27,12 @@ def _sql(name: str, statement: sa.sql.ClauseElement) -> str:
 def test_named_table_ddl_and_seed(name: str) -> None:
     backend = backend_for(name)
     spec = TableSpec(ticket_table("Photos"), start=10, increment=3, offset=2)
-    create, seed = (_sql(name, s) for s in backend.create_statements(spec))  # type: ignore[arg-type]
+    create, seed, register = (_sql(name, s) for s in backend.create_statements(spec))  # type: ignore[arg-type]
     assert "CREATE TABLE IF NOT EXISTS tickets__photos" in create
     assert "PRIMARY KEY (stub)" in create
     assert "tickets__photos" in seed
+    # Registered in the stamp table, which it keeps while it exists (nothing left behind).
+    assert "INTO tickets_stamps (name) VALUES" in register
     row = backend.seed_row(spec)
     assert row == {"stub": "a", "id": 11 - 3, "increment": 3, "offset": 2}
 
@@ -43,7 +46,9 @@ def test_reserved_words_are_quoted_on_postgresql() -> None:
 def test_flickr_schema_on_mysql_is_flickrs() -> None:
     spec = TableSpec(ticket_table(None, 64), storage_engine="MyISAM")
     statements = backend_for("mysql").create_statements(spec)
-    assert len(statements) == 1  # no seed row: the first REPLACE INTO makes it
+    # No seed row: the first REPLACE INTO makes it; its registration in the stamp table.
+    assert len(statements) == 2
+    assert "INSERT IGNORE INTO tickets_stamps" in _sql("mysql", statements[1])  # type: ignore[arg-type]
     ddl = _sql("mysql", statements[0])  # type: ignore[arg-type]
     # Quoted: MySQL table names are case-sensitive on most file systems.
     assert ddl.strip().startswith("CREATE TABLE IF NOT EXISTS `Tickets64` (")
@@ -63,8 +68,11 @@ def test_flickr_tables_elsewhere_refuse_a_stride() -> None:
 def test_dropping_many_tables_forgets_their_identities_in_few_statements(name: str) -> None:
     backend = backend_for(name)
     one = [_sql(name, s) for s in backend.drop_statements(TableSpec(ticket_table("photos")))]  # type: ignore[arg-type]
-    # One table: its DROP and one DELETE of its name; nothing is created to drop a table.
-    assert len(one) == 2 and "WHERE tickets_stamps.name = " in one[1]
+    # One table: its DROP and one DELETE of its name, then the stamp table dropped where no
+    # row is left, where SQL can say so; nothing is created to drop a table.
+    unused = [_sql(name, s) for s in drop_unused_stamps_statements(backend) or []]  # type: ignore[arg-type]
+    assert one[2:] == unused and bool(unused) is (name != "sqlite")
+    assert len(one) == 2 + len(unused) and "WHERE tickets_stamps.name = " in one[1]
     assert not any("CREATE" in s for s in one)
     without = backend.drop_statements(TableSpec(ticket_table("photos")), stamps=False)
     assert [_sql(name, s) for s in without] == one[:1]  # type: ignore[arg-type]

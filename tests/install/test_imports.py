@@ -276,3 +276,50 @@ def test_the_alembic_support_registers_without_the_sources() -> None:
     alembic_support = ("sqlalchemy_tickets.alembic",)
     others = tuple(m for m in NOT_ON_BARE_IMPORT if m not in alembic_support)
     assert _under(report["loaded"], others) == []
+
+
+def test_migrations_run_and_autogenerate_without_the_runtime_sources() -> None:
+    """The Alembic support takes every statement from the schema module: running each
+    operation (online on SQLite, offline for every dialect) and an autogenerate comparison of
+    ``TicketId`` models loads no module of ``sqlalchemy_tickets.sources`` (the runtime: pools,
+    threads, caches), which a migration does not need."""
+    code = textwrap.dedent("""
+        import io, json, sys
+        import sqlalchemy as sa
+        import sqlalchemy_tickets.alembic
+        from alembic.autogenerate import produce_migrations
+        from alembic.migration import MigrationContext
+        from alembic.operations import Operations
+        from sqlalchemy_tickets import TicketId
+
+        def every_operation(op):
+            op.create_ticket_table("photos")
+            op.create_ticket_tables(["tags", None], bits=32)
+            op.sync_ticket_sequence("photos", "photos", "id")
+            op.create_worker_lease_table()
+            op.create_datacenter_tables()
+            op.drop_datacenter_tables()
+            op.drop_worker_lease_table()
+            op.drop_ticket_tables(["tags", None], bits=32)
+            op.drop_ticket_table("photos")
+
+        for dialect in ("sqlite", "postgresql", "mysql"):
+            context = MigrationContext.configure(dialect_name=dialect, opts={
+                "as_sql": True, "output_buffer": io.StringIO(), "literal_binds": True})
+            every_operation(Operations(context))
+        engine = sa.create_engine("sqlite://")
+        metadata = sa.MetaData()
+        sa.Table("photos", metadata, sa.Column("id", TicketId("photos"), primary_key=True))
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE photos (id INTEGER PRIMARY KEY)")
+            every_operation(Operations(MigrationContext.configure(conn)))
+            produce_migrations(MigrationContext.configure(conn), metadata)
+        print(json.dumps(sorted(n for n in sys.modules if n.startswith("sqlalchemy_tickets."))))
+    """)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/"
+    )
+    assert result.returncode == 0, result.stderr
+    loaded = json.loads(result.stdout.splitlines()[-1])
+    assert "sqlalchemy_tickets._schema" in loaded  # the statements' one home
+    assert _under(loaded, ("sqlalchemy_tickets.sources",)) == []

@@ -32,11 +32,15 @@ Autogenerate proposes ``op.create_ticket_table(...)`` for the ``TicketId`` colum
 metadata whose ids are drawn from the database being migrated (the embedded default on
 PostgreSQL and MySQL/MariaDB, or a ``TicketServer`` on that very database) and whose ticket table
 is missing there; columns on dedicated ticket servers get nothing (their tables are made by
-``sqlalchemy-tickets init`` or an Alembic project of the ticket servers). It never proposes to
-drop a ticket table (``context.configure(..., sqlalchemy_tickets_autogenerate=False)`` turns the
-comparator off). A table that exists already and whose integer key now draws from a ticket
-table proposed this way also gets ``op.sync_ticket_sequence(...)``, which starts the sequence
-above its rows. Autogenerate writes the package's column types as
+``sqlalchemy-tickets init`` or an Alembic project of the ticket servers). The library's own
+tables (ticket tables, the stamp table, a tier's, the lease table) are left out of the
+comparison unless the models declare them: never proposed for dropping, never logged
+(``context.configure(..., sqlalchemy_tickets_autogenerate=False)`` turns all of it off). A table
+that exists already and whose integer key now draws from a ticket table proposed this way also
+gets ``op.sync_ticket_sequence(...)``, which starts the sequence above its rows (on a SQLite
+file drawing from the embedded default: ``embedded=True``, in the ``-tickets`` sibling).
+Dropping a database's last ticket table or tier drops the stamp table too
+(:mod:`sqlalchemy_tickets._schema`). Autogenerate writes the package's column types as
 ``sqlalchemy_tickets.TicketId(...)`` and the like, and the script's ``import sqlalchemy_tickets``
 with them; scripts with one of the operations also get ``import sqlalchemy_tickets.alembic``.
 A datacenter tier's tables in the target metadata

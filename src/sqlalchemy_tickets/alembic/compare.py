@@ -19,41 +19,46 @@ belong to the ticket servers, made by ``sqlalchemy-tickets init`` at deploy time
 Alembic project of their own (see ``migrations_examples/mysql-flickr-two-servers``).
 Foreign keys to ticket ids draw nothing either.
 
-Ticket tables are never in the metadata, so Alembic itself would propose to drop them; those
-``DropTableOp``\\ s are taken out again — a ticket table holds the last id issued, and dropping it
-would issue the same ids twice. So is the stamp table (``tickets_stamps``), where each ticket
-table's identity is recorded to notice a restore or a failover. :func:`include_object` does
-the same at the source, for users
-who prefer it (or who run a version of Alembic where the comparator below is not reached).
+The library's own tables are never compared with the metadata (:func:`hide_library_tables`,
+which the package's plugin runs ahead of Alembic's table comparison): ticket tables are never
+in the metadata, and Alembic would propose to drop them — a ticket table holds the last id
+issued, and dropping it would issue the same ids twice — and so would it the stamp table
+(``tickets_stamps``, where each table's identity is recorded to notice a restore or a
+failover), a tier's tables that ``DatacenterTier`` made on first use (the ids in stock would be
+burned, every process of the datacenter would fail until they are back) and the lease table.
+Left out of the comparison, they are neither proposed for dropping nor logged as "removed".
+:func:`include_object` hides the same tables by name, for users who pass their own hooks.
 
 Datacenter tiers: when ``target_metadata`` holds a tier's two tables
 (:func:`~sqlalchemy_tickets.sources.datacenter.datacenter_tables`) and the database lacks
 them, the two ``op.create_table`` Alembic would write become one
 ``op.create_datacenter_tables(...)`` — the same DDL, and a downgrade of
-``op.drop_datacenter_tables(...)``. A tier's tables that are in the
-database but not in the metadata (``DatacenterTier`` creates them on first use) are never
-proposed for dropping: the ids in stock would be burned and every process of the datacenter
-would fail until they are back.
+``op.drop_datacenter_tables(...)``.
 
 Cut-over: a table that already exists, whose integer primary key becomes a ``TicketId`` drawing
 from a ticket table this same migration creates (the switch from an auto-increment key), also
 gets ``op.sync_ticket_sequence(sequence, table, column)`` after the ``create_ticket_table``: the
-new sequence starts above the ids the table holds when the migration runs.
+new sequence starts above the ids the table holds when the migration runs. On a SQLite file,
+whose embedded default keeps its ticket tables in the ``-tickets`` sibling, such a key drawing
+from the embedded default gets ``op.sync_ticket_sequence(..., embedded=True)`` while the sibling
+lacks the sequence's table: the operation makes it there, above the rows.
 
 Every run also makes the script import the modules of the package's column types it writes
 (``import sqlalchemy_tickets`` for ``sqlalchemy_tickets.TicketId(...)``; see
 :func:`~sqlalchemy_tickets.alembic.render.add_type_imports`).
 
 Turn the comparator off with ``context.configure(..., sqlalchemy_tickets_autogenerate=False)``
-(the imports are still written).
+(the imports are still written; the library's tables are then compared as any other).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import sys
 import threading
-from collections.abc import Iterable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -61,6 +66,7 @@ from alembic.operations import ops
 from sqlalchemy.engine import URL
 
 from .._naming import (
+    DEFAULT_LEASE_TABLE,
     DEFAULT_TABLE_TEMPLATE,
     DEFAULT_TIER_PREFIX,
     STAMP_TABLE,
@@ -78,9 +84,10 @@ if TYPE_CHECKING:
     # of importing alembic.autogenerate, that package cannot be imported from yet.
     from alembic.autogenerate.api import AutogenContext
 
-# The sources and the dialect modules are imported by the functions that compare against them
-# (autogenerate, not the import): this module is imported with the package's Alembic support,
-# which every `import alembic` loads through the plugin entry point.
+# The dialect modules are imported by the functions that compare against them (autogenerate, not
+# the import): this module is imported with the package's Alembic support, which every
+# `import alembic` loads through the plugin entry point. The runtime sources are never imported
+# (see _runtime).
 
 __all__ = ["include_object", "is_ticket_table_name", "ticket_tables"]
 
@@ -120,19 +127,140 @@ _STOCK, _STATE = "__stock", "__state"
 def include_object(
     obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
 ) -> bool:
-    """An ``include_object`` hook that hides ticket tables from autogenerate.
+    """An ``include_object`` hook that hides the library's tables from autogenerate.
 
-    Pass it to ``context.configure(include_object=include_object)`` in ``env.py`` (or call it
-    from your own hook). Only tables that exist in the database but not in the metadata and
-    have a ticket table's name, or the name of a datacenter tier's table under the default
-    prefix (``tickets_dc__stock``, ``tickets_dc__state``), are hidden; everything else is
-    included.
+    The package's plugin leaves them out of the comparison by itself; this is for projects
+    that want it in their own hook (``context.configure(include_object=include_object)``, or
+    called from theirs). Only tables that exist in the database but not in the metadata and
+    have a ticket table's name (default template), the stamp table's, the lease table's
+    default name, or the name of a datacenter tier's table under the default prefix
+    (``tickets_dc__stock``, ``tickets_dc__state``), are hidden; everything else is included.
     """
     if type_ != "table" or not reflected or not isinstance(name, str):
         return True
     return not (
-        is_ticket_table_name(name) or name.lower() in _TIER_NAMES or name.lower() == STAMP_TABLE
+        is_ticket_table_name(name)
+        or name.lower() in _TIER_NAMES
+        or name.lower() in (STAMP_TABLE, DEFAULT_LEASE_TABLE)
     )
+
+
+class _LibraryTablesLeftOut:
+    """An autogenerate run's ``run_name_filters``, with the library's own tables left out:
+    those of the database's default schema that the target metadata does not declare and
+    that are the library's — ticket tables (by the default template and those of the
+    metadata's sources, Flickr's ``Tickets64``/``Tickets32``), the stamp table, the
+    worker-lease table under its default name, a datacenter tier's pair of tables (under the
+    default prefix by name; under another, by both names and their columns). Alembic then
+    neither reflects nor compares them: it proposes nothing for them and logs nothing
+    ("Detected removed table ...").
+
+    Tables the metadata declares (a tier's, the lease table's) are compared as any other."""
+
+    def __init__(
+        self, autogen_context: AutogenContext, wrapped: Callable[..., bool] | None
+    ) -> None:
+        self.context = autogen_context
+        #: The filters the run had (``None``: Alembic's own method, for the class-wide hook).
+        self.wrapped = wrapped
+        self._names: frozenset[str] | None = None
+
+    def __call__(self, name: str | None, type_: str, parent_names: Any) -> bool:
+        if self.left_out(name, type_, parent_names):
+            return False
+        return True if self.wrapped is None else self.wrapped(name, type_, parent_names)
+
+    def left_out(self, name: str | None, type_: str, parent_names: Any) -> bool:
+        if type_ != "table" or not isinstance(name, str):
+            return False
+        if not isinstance(parent_names, MutableMapping) or parent_names.get("schema_name"):
+            return False  # another schema than the default one: none of the library's
+        if self.context.opts.get(OPTION, True) is False:
+            return False
+        return name.lower() in self.names()
+
+    def names(self) -> frozenset[str]:
+        """The library's tables of this run, lower case: found once, from the database's
+        table names (read once per run, as Alembic reads them) and the metadata."""
+        if self._names is None:
+            self._names = _library_tables(self.context)
+        return self._names
+
+
+def _library_tables(autogen_context: AutogenContext) -> frozenset[str]:
+    metadata_tables = list(autogen_context.sorted_tables)
+    declared = {t.name.lower() for t in metadata_tables if t.schema is None}
+    templates = {DEFAULT_TABLE_TEMPLATE, *_wanted(metadata_tables).values()}
+    inspector = autogen_context.inspector
+    present = {name.lower(): name for name in inspector.get_table_names()}
+    found: set[str] = set()
+    for low, name in present.items():
+        if low in declared:
+            continue
+        if (
+            low in (STAMP_TABLE, DEFAULT_LEASE_TABLE)
+            or low in _TIER_NAMES
+            or any(is_ticket_table_name(name, template) for template in templates)
+        ):
+            found.add(low)
+            continue
+        prefix = _tier_prefix(low)
+        state = None if prefix is None or not low.endswith(_STOCK) else present.get(
+            prefix + _STATE
+        )
+        if prefix is None or state is None or state.lower() in declared:
+            continue
+        want_stock, want_state = _tier_columns(prefix)
+        if {c["name"].lower() for c in inspector.get_columns(name)} == want_stock and {
+            c["name"].lower() for c in inspector.get_columns(state)
+        } == want_state:
+            found.update((low, state.lower()))
+    return frozenset(found)
+
+
+def hide_library_tables(autogen_context: AutogenContext) -> None:
+    """Keep the library's own tables out of this autogenerate run's comparison (see
+    :class:`_LibraryTablesLeftOut`): its name filters, which Alembic runs on every table name
+    it reads from the database before reflecting the table, leave them out. Run by the
+    package's plugin ahead of Alembic's table comparison (Alembic >= 1.18); a second call on
+    the same run does nothing."""
+    current = autogen_context.run_name_filters
+    if not isinstance(current, _LibraryTablesLeftOut):
+        # The method of this run's context, not a private list of filters: its own filters
+        # (include_name) keep running, after the library's.
+        autogen_context.run_name_filters = _LibraryTablesLeftOut(  # type: ignore[method-assign]
+            autogen_context, current
+        )
+
+
+#: Each run's tables left out, where the hook is Alembic's class's (< 1.18).
+_left_out: weakref.WeakKeyDictionary[Any, _LibraryTablesLeftOut] = weakref.WeakKeyDictionary()
+
+
+def hide_library_tables_globally() -> None:
+    """:func:`hide_library_tables` for every autogenerate run, where Alembic has no plugins
+    (< 1.18) and so no hook that runs before its own table comparison: ``AutogenContext``'s
+    ``run_name_filters`` leaves the library's tables out, then runs the run's filters.
+    Once per process."""
+    from alembic.autogenerate.api import AutogenContext
+
+    with _register_lock:
+        original = AutogenContext.run_name_filters
+        if getattr(original, "sqlalchemy_tickets", False):
+            return
+
+        def run_name_filters(
+            self: AutogenContext, name: str | None, type_: Any, parent_names: Any
+        ) -> bool:
+            left_out = _left_out.get(self)
+            if left_out is None:
+                left_out = _left_out.setdefault(self, _LibraryTablesLeftOut(self, None))
+            if left_out.left_out(name, type_, parent_names):
+                return False
+            return bool(original(self, name, type_, parent_names))
+
+        run_name_filters.sqlalchemy_tickets = True  # type: ignore[attr-defined]
+        AutogenContext.run_name_filters = run_name_filters  # type: ignore[method-assign]
 
 
 def ticket_tables(
@@ -152,11 +280,11 @@ def draws_from(type_: TicketId, database: URL | None) -> bool:
     """Whether a ``TicketId`` column's ids are drawn from ``database`` (the one a migration
     runs on; ``None``: unknown, so only the embedded default counts)."""
     from ..dialects import backend_for
-    from ..sources.cache import CachedSource
-    from ..sources.default import configured_source
-    from ..sources.server import TicketServer
 
-    source = type_.source if type_.source is not None else configured_source()
+    source = type_.source
+    configured = _runtime("default", "configured_source")
+    if source is None and configured is not None:
+        source = configured()
     if source is None:  # the embedded default, beside the rows
         if database is None:
             return True
@@ -165,13 +293,24 @@ def draws_from(type_: TicketId, database: URL | None) -> bool:
         except TicketsError:
             return True
         return same_database(backend.embedded_url(database), database)
+    cached, server = _runtime("cache", "CachedSource"), _runtime("server", "TicketServer")
     seen: set[int] = set()
-    while isinstance(source, CachedSource) and id(source) not in seen:
+    while cached is not None and isinstance(source, cached) and id(source) not in seen:
         seen.add(id(source))
         source = source.source
-    if not isinstance(source, TicketServer) or database is None:
+    if server is None or not isinstance(source, server) or database is None:
         return False
     return same_database(source.url, database)
+
+
+def _runtime(module: str, name: str) -> Any:
+    """``name`` of the runtime module ``sources.<module>`` if that module is loaded, else
+    ``None``. The Alembic support never imports the sources (they start nothing here, but they
+    are the runtime, which a migration does not need): a source object exists only once its
+    class's module ran, and a source is configured only through ``sources.default``, so a
+    module not loaded means no such object and nothing configured."""
+    loaded = sys.modules.get(f"{__package__.rpartition('.')[0]}.sources.{module}")
+    return None if loaded is None else getattr(loaded, name)
 
 
 def same_database(a: URL, b: URL) -> bool:
@@ -228,13 +367,6 @@ def _exists(name: str, existing: set[str], autogen_context: AutogenContext) -> b
     return bool(autogen_context.inspector.has_table(name))
 
 
-def _walk(container: ops.OpContainer) -> Iterator[ops.OpContainer]:
-    yield container
-    for op in container.ops:
-        if isinstance(op, ops.OpContainer):
-            yield from _walk(op)
-
-
 def compare_ticket_tables(
     autogen_context: AutogenContext, upgrade_ops: ops.UpgradeOps, schemas: Any
 ) -> None:
@@ -250,34 +382,11 @@ def compare_ticket_tables(
     metadata_tables = list(autogen_context.sorted_tables)
     connection = autogen_context.connection
     database = connection.engine.url if connection is not None else None
-    # Every template in use, for recognising ticket tables not to drop; only the tables drawn
-    # from this database, for proposing.
-    templates = {DEFAULT_TABLE_TEMPLATE, *_wanted(metadata_tables).values()}
     wanted = _wanted(metadata_tables, database, only_migrated=True)
 
-    # Never drop a ticket table: the last id issued would be lost, and ids issued again. (For a
-    # table it is about to drop, Alembic may also propose index changes: drop those too.)
     in_metadata = {t.name.lower() for t in metadata_tables if t.schema is None}
+    _compare_tier_tables(upgrade_ops, metadata_tables)
 
-    def unwanted(op: ops.MigrateOperation) -> bool:
-        if not isinstance(op, (ops.DropTableOp, ops.ModifyTableOps)):
-            return False
-        name = op.table_name
-        return (
-            op.schema is None
-            and name.lower() not in in_metadata
-            and (
-                name.lower() == STAMP_TABLE
-                or any(is_ticket_table_name(name, template) for template in templates)
-            )
-        )
-
-    for container in _walk(upgrade_ops):
-        container.ops = [op for op in container.ops if not unwanted(op)]
-    _compare_tier_tables(upgrade_ops, metadata_tables, in_metadata)
-
-    if not wanted:
-        return
     existing = set(autogen_context.inspector.get_table_names())
     proposed = {
         op.table_name.lower() for op in upgrade_ops.ops if isinstance(op, CreateTicketTableOp)
@@ -291,9 +400,48 @@ def compare_ticket_tables(
             CreateTicketTableOp(table.sequence, bits=table.bits, table_template=template)
         )
         proposed.add(table.name.lower())
-    upgrade_ops.ops.extend(
-        _cut_overs(autogen_context, metadata_tables, database, proposed, existing)
-    )
+    upgrade_ops.ops.extend(_cut_overs(autogen_context, metadata_tables, database, proposed,
+                                      existing))
+    upgrade_ops.ops.extend(_embedded_cut_overs(autogen_context, metadata_tables, database,
+                                               existing))
+
+
+def _switched_keys(
+    autogen_context: AutogenContext, metadata_tables: list[sa.Table], existing: set[str]
+) -> Iterator[tuple[sa.Table, sa.Column[Any], TicketId, str, TicketTable]]:
+    """``(table, column, type, template, ticket table)`` of each table that already exists in
+    the database and whose integer primary key now draws from a ``TicketId``: the switch from
+    an auto-increment key (a foreign key draws nothing)."""
+    for table in metadata_tables:
+        if table.schema is not None or not _exists(table.name, existing, autogen_context):
+            continue
+        reflected: dict[str, Any] | None = None
+        for column in table.primary_key.columns:
+            type_ = column.type
+            if not isinstance(type_, TicketId) or column.foreign_keys:
+                continue
+            if reflected is None:
+                reflected = {
+                    c["name"].lower(): c
+                    for c in autogen_context.inspector.get_columns(table.name)
+                }
+            before = reflected.get(column.name.lower())
+            if before is None or not isinstance(before["type"], sa.Integer):
+                continue  # a new column, or one whose values no sequence could have issued
+            template = _template(type_)
+            yield table, column, type_, template, ticket_table(type_.sequence, type_.bits, template)
+
+
+def _sync(
+    table: sa.Table, column: sa.Column[Any], type_: TicketId, template: str, *, embedded: bool
+) -> list[SyncTicketSequenceOp]:
+    try:
+        return [SyncTicketSequenceOp(type_.sequence, table.name, column.name, bits=type_.bits,
+                                     table_template=template, embedded=embedded)]
+    except TicketsError as error:
+        log.warning("not proposing to sync %s above %s.%s: %s",
+                    type_.sequence or "Tickets", table.name, column.name, error)
+        return []
 
 
 def _cut_overs(
@@ -313,36 +461,53 @@ def _cut_overs(
     Proposed only together with the ticket table, so the next autogenerate is quiet again.
     """
     found: list[SyncTicketSequenceOp] = []
-    for table in metadata_tables:
-        if table.schema is not None or not _exists(table.name, existing, autogen_context):
-            continue
-        reflected: dict[str, Any] | None = None
-        for column in table.primary_key.columns:
-            type_ = column.type
-            if not isinstance(type_, TicketId) or column.foreign_keys:
-                continue
-            template = _template(type_)
-            ticket = ticket_table(type_.sequence, type_.bits, template)
-            if ticket.name.lower() not in new_ticket_tables or not draws_from(type_, database):
-                continue
-            if reflected is None:
-                reflected = {
-                    c["name"].lower(): c
-                    for c in autogen_context.inspector.get_columns(table.name)
-                }
-            before = reflected.get(column.name.lower())
-            if before is None or not isinstance(before["type"], sa.Integer):
-                continue  # a new column, or one whose values no sequence could have issued
-            try:
-                found.append(
-                    SyncTicketSequenceOp(
-                        type_.sequence, table.name, column.name,
-                        bits=type_.bits, table_template=template,
-                    )
-                )
-            except TicketsError as error:
-                log.warning("not proposing to sync %s above %s.%s: %s",
-                            ticket.label, table.name, column.name, error)
+    for table, column, type_, template, ticket in _switched_keys(
+        autogen_context, metadata_tables, existing
+    ):
+        if ticket.name.lower() in new_ticket_tables and draws_from(type_, database):
+            found += _sync(table, column, type_, template, embedded=False)
+    return found
+
+
+def _embedded_cut_overs(
+    autogen_context: AutogenContext,
+    metadata_tables: list[sa.Table],
+    database: URL | None,
+    existing: set[str],
+) -> list[SyncTicketSequenceOp]:
+    """The cut-over where the embedded default keeps the ticket tables in a database of their
+    own (a SQLite file: the ``-tickets`` sibling, made on first use), so that no ticket table
+    is proposed. A table switched from auto-increment still needs its sequence above its
+    rows, or the first flush finds them in use and moves the sequence a margin above them (a
+    WARNING, and a jump of a million ids): ``op.sync_ticket_sequence(..., embedded=True)``
+    makes the sequence there above the rows as the migration runs. Proposed while that
+    database lacks the sequence's table, so the next autogenerate is quiet again."""
+    from ..dialects import backend_for
+
+    if database is None or autogen_context.connection is None:
+        return []
+    try:
+        backend = backend_for(database.get_backend_name())
+    except TicketsError:
+        return []
+    if not backend.seen_apart(database):
+        return []  # an in-memory database: its embedded default is out of a migration's reach
+    configured = _runtime("default", "configured_source")
+    if configured is not None and configured() is not None:
+        return []  # the columns without a source draw from the configured one
+    keys = [
+        key for key in _switched_keys(autogen_context, metadata_tables, existing)
+        if key[2].source is None
+    ]
+    if not keys:
+        return []
+    there = backend.embedded_tables(autogen_context.connection, [key[4].name for key in keys])
+    if there is None:
+        return []  # in the migrated database itself: proposed with the ticket table, above
+    found: list[SyncTicketSequenceOp] = []
+    for table, column, type_, template, ticket in keys:
+        if ticket.name not in there:
+            found += _sync(table, column, type_, template, embedded=True)
     return found
 
 
@@ -361,9 +526,10 @@ def _tier_prefix(name: str) -> str | None:
 
 def _tier_columns(prefix: str) -> tuple[set[str], set[str]]:
     """The column names of a tier's ``(stock, state)`` tables (the same on every backend)."""
+    from .. import _schema
     from ..dialects import backend_for
 
-    stock, state = backend_for("sqlite").tier_tables(tier_tables(prefix))
+    stock, state = _schema.tier_tables(backend_for("sqlite"), tier_tables(prefix))
     return {c.name for c in stock.columns}, {c.name for c in state.columns}
 
 
@@ -375,11 +541,10 @@ def _is_tier_pair(prefix: str, stock: sa.Table, state: sa.Table) -> bool:
     )
 
 
-def _compare_tier_tables(
-    upgrade_ops: ops.UpgradeOps, metadata_tables: list[sa.Table], in_metadata: set[str]
-) -> None:
-    """Two ``CreateTableOp`` of a tier's tables become one ``CreateDatacenterTablesOp``; a
-    ``DropTableOp`` of a tier's table not in the metadata is taken out (module docstring)."""
+def _compare_tier_tables(upgrade_ops: ops.UpgradeOps, metadata_tables: list[sa.Table]) -> None:
+    """Two ``CreateTableOp`` of a tier's tables in the metadata become one
+    ``CreateDatacenterTablesOp`` (module docstring); a tier's tables not in the metadata are
+    not compared at all (:func:`hide_library_tables`)."""
     tiers: set[str] = set()  # prefixes (lower case) of the tiers declared in the metadata
     by_name = {t.name.lower(): t for t in metadata_tables if t.schema is None}
     for name in by_name:
@@ -389,24 +554,6 @@ def _compare_tier_tables(
         state = by_name.get(prefix.lower() + _STATE)
         if state is not None and _is_tier_pair(prefix, by_name[name], state):
             tiers.add(prefix.lower())
-
-    # Tables to drop, by name: a tier's pair is recognised by both names and their columns.
-    dropped = {
-        op.table_name.lower(): op
-        for op in upgrade_ops.ops
-        if isinstance(op, ops.DropTableOp) and op.schema is None
-        and op.table_name.lower() not in in_metadata
-    }
-    kept_tiers: set[str] = set()
-    for name, drop in dropped.items():
-        prefix = _tier_prefix(name)
-        if prefix is None or not name.endswith(_STOCK):
-            continue
-        state_drop = dropped.get(prefix.lower() + _STATE)
-        if state_drop is not None and _is_tier_pair(
-            prefix, drop.to_table(), state_drop.to_table()
-        ):
-            kept_tiers.add(prefix.lower())
 
     rewritten: list[ops.MigrateOperation] = []
     created: set[str] = set()
@@ -422,10 +569,10 @@ def _compare_tier_tables(
                 ]
                 if not op.ops:
                     continue
-        if isinstance(op, (ops.CreateTableOp, ops.DropTableOp)) and op.schema is None:
+        if isinstance(op, ops.CreateTableOp) and op.schema is None:
             prefix = _tier_prefix(op.table_name)
             key = prefix.lower() if prefix is not None else None
-            if isinstance(op, ops.CreateTableOp) and key in tiers:
+            if key in tiers:
                 assert prefix is not None and key is not None
                 if key not in created:
                     # The metadata's spelling of the prefix, from the stock table's name.
@@ -434,8 +581,6 @@ def _compare_tier_tables(
                         CreateDatacenterTablesOp(table_prefix=stock[: -len(_STOCK)])
                     )
                     created.add(key)
-                continue
-            if isinstance(op, ops.DropTableOp) and key in kept_tiers:
                 continue
         rewritten.append(op)
     upgrade_ops.ops = rewritten

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from alembic.operations import MigrateOperation, Operations
 
 from .._naming import (
+    DEFAULT_LEASE_TABLE,
     DEFAULT_TABLE_TEMPLATE,
     DEFAULT_TIER_PREFIX,
     TicketTable,
@@ -42,7 +43,7 @@ from ..errors import TicketsError
 # The dialect modules are imported when an operation runs, not when the operations are
 # registered (every `import alembic` does that, through the package's plugin entry point).
 if TYPE_CHECKING:
-    from ..dialects.base import TableSpec
+    from .._schema import TableSpec
 
 __all__ = [
     "CreateDatacenterTablesOp",
@@ -133,7 +134,7 @@ class CreateTicketTableOp(_TicketTableOp):
     @property
     def spec(self) -> TableSpec:
         """What the backend needs to build the DDL and the seed row."""
-        from ..dialects.base import TableSpec
+        from .._schema import TableSpec
 
         return TableSpec(self.ticket_table, self.start, self.increment, self.offset)
 
@@ -293,7 +294,7 @@ class CreateTicketTablesOp(_TicketTablesOp):
     @property
     def specs(self) -> list[TableSpec]:
         """What the backend needs to build each table's DDL and seed row."""
-        from ..dialects.base import TableSpec
+        from .._schema import TableSpec
 
         return [
             TableSpec(table, self.start, self.increment, self.offset)
@@ -422,7 +423,13 @@ class SyncTicketSequenceOp(_TicketTableOp):
     runs, with ``max(column)`` read by the database as it runs: one UPDATE that never moves a
     sequence down, so it is safe beside running clients, and the same online and in ``--sql``
     scripts. Autogenerate proposes it (see :mod:`sqlalchemy_tickets.alembic.compare`).
-    Irreversible: its reverse does nothing (ids are never handed out twice)."""
+    Irreversible: its reverse does nothing (ids are never handed out twice).
+
+    ``embedded``: the sequence is the embedded default's. On a SQLite file the embedded
+    default keeps its ticket tables in the ``-tickets`` sibling file: the operation attaches
+    it, makes the ticket table there if it is missing (as the embedded default would on first
+    use, with its stamp table), moves it, and detaches it. Elsewhere the embedded default's
+    tables are the migrated database's, and ``embedded`` changes nothing."""
 
     def __init__(
         self,
@@ -432,10 +439,14 @@ class SyncTicketSequenceOp(_TicketTableOp):
         *,
         bits: int = 64,
         table_template: str = DEFAULT_TABLE_TEMPLATE,
+        embedded: bool = False,
     ) -> None:
         super().__init__(sequence, bits=bits, table_template=table_template)
         self.table = _identifier("table", table)
         self.column = _identifier("column", column)
+        if not isinstance(embedded, bool):
+            raise TicketsError(f"embedded must be True or False, not {embedded!r}")
+        self.embedded = embedded
 
     @classmethod
     def sync_ticket_sequence(
@@ -447,16 +458,21 @@ class SyncTicketSequenceOp(_TicketTableOp):
         *,
         bits: int = 64,
         table_template: str = DEFAULT_TABLE_TEMPLATE,
+        embedded: bool = False,
     ) -> None:
         """Make every id ``sequence`` issues from now on larger than ``max(table.column)``.
 
         :param sequence: the sequence name (case-insensitive); ``None``: Flickr's ``Tickets64``
-            (``bits=32``: ``Tickets32``). Its ticket table must exist in the migrated database.
+            (``bits=32``: ``Tickets32``). Its ticket table must exist in the migrated database
+            (but see ``embedded``).
         :param table: the application table whose ids the sequence must pass.
         :param column: its integer key (the column an auto-increment filled).
+        :param embedded: the sequence is the embedded default's: on a SQLite file, its
+            ticket table is in the ``-tickets`` sibling file (made there if missing).
         """
         operations.invoke(
-            cls(sequence, table, column, bits=bits, table_template=table_template)
+            cls(sequence, table, column, bits=bits, table_template=table_template,
+                embedded=embedded)
         )
 
     def reverse(self) -> MigrateOperation:
@@ -464,6 +480,12 @@ class SyncTicketSequenceOp(_TicketTableOp):
 
     def to_diff_tuple(self) -> tuple[Any, ...]:
         return ("sync_ticket_sequence", self.ticket_table, self.table, self.column)
+
+    def render_kwargs(self) -> dict[str, Any]:
+        kw = super().render_kwargs()
+        if self.embedded:
+            kw["embedded"] = True
+        return kw
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.table_name} above {self.table}.{self.column}>"
@@ -525,7 +547,7 @@ class _NoOp(MigrateOperation):
 class _LeaseTableOp(MigrateOperation):
     """What both lease-table operations share: the table's (validated) name."""
 
-    def __init__(self, *, name: str = "tickets_worker_leases") -> None:
+    def __init__(self, *, name: str = DEFAULT_LEASE_TABLE) -> None:
         self.name = _identifier("table", name)
 
 
@@ -535,7 +557,7 @@ class CreateWorkerLeaseTableOp(_LeaseTableOp):
 
     @classmethod
     def create_worker_lease_table(
-        cls, operations: Operations, *, name: str = "tickets_worker_leases"
+        cls, operations: Operations, *, name: str = DEFAULT_LEASE_TABLE
     ) -> None:
         """Create the worker-id lease table."""
         operations.invoke(cls(name=name))
@@ -550,7 +572,7 @@ class DropWorkerLeaseTableOp(_LeaseTableOp):
 
     @classmethod
     def drop_worker_lease_table(
-        cls, operations: Operations, *, name: str = "tickets_worker_leases"
+        cls, operations: Operations, *, name: str = DEFAULT_LEASE_TABLE
     ) -> None:
         """Drop the worker-id lease table."""
         operations.invoke(cls(name=name))

@@ -18,6 +18,10 @@ A project that wants the comparator off leaves it out of that list
 
 Alembic < 1.18 has no plugins: ``import sqlalchemy_tickets.alembic`` in ``env.py`` registers the
 same things, the comparator in Alembic's global registry (see :func:`register`).
+
+The plugin's first comparator runs ahead of Alembic's table comparison and leaves the library's
+own tables out of it (ticket tables, the stamp table, a tier's and the lease table, when the
+models do not declare them): a second autogenerate neither proposes nor logs their removal.
 """
 
 from __future__ import annotations
@@ -50,8 +54,21 @@ def setup(plugin: Plugin) -> None:
 
     from . import ops, render, toimpl  # noqa: F401  (they register on import)
 
-    # After Alembic's own table comparison, whose proposals to drop ticket tables it takes out.
+    # Before Alembic's own table comparison: the library's tables are left out of it.
+    plugin.add_autogenerate_comparator(_hide, "schema", priority=DispatchPriority.FIRST)
+    # After it: the library's operations, from the tables Alembic proposes and the models.
     plugin.add_autogenerate_comparator(_compare, "schema", priority=DispatchPriority.LAST)
+
+
+def _hide(
+    autogen_context: AutogenContext, upgrade_ops: ops.UpgradeOps, schemas: Any
+) -> PriorityDispatchResult:
+    from alembic.util import PriorityDispatchResult
+
+    from .compare import hide_library_tables
+
+    hide_library_tables(autogen_context)
+    return PriorityDispatchResult.CONTINUE
 
 
 def _compare(
@@ -69,7 +86,8 @@ def register() -> None:
     """What ``import sqlalchemy_tickets.alembic`` runs: make sure the comparator takes part in
     autogenerate, exactly once, on any supported Alembic.
 
-    - Alembic < 1.18: into the global registry (the only one there is).
+    - Alembic < 1.18: into the global registry (the only one there is), and the library's
+      tables left out of every comparison (``hide_library_tables_globally``).
     - Alembic ≥ 1.18 with the package installed: nothing; Alembic loads the entry point.
     - Alembic ≥ 1.18 without the entry point (the source tree on ``sys.path``, not installed):
       set the plugin up by hand, as the entry point would.
@@ -77,9 +95,10 @@ def register() -> None:
     try:
         from alembic.runtime.plugins import Plugin
     except ImportError:
-        from .compare import register_globally
+        from .compare import hide_library_tables_globally, register_globally
 
         register_globally()
+        hide_library_tables_globally()
         return
     if _published():
         return

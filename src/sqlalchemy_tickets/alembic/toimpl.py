@@ -1,8 +1,9 @@
 """How the ticket-table operations run: online on the migration's connection, offline as SQL text.
 
-The statements come from the backend of the migration's dialect (the same DDL and seed row that
-:meth:`TicketServer.create_tables <sqlalchemy_tickets.TicketServer.create_tables>` runs) and go
-through ``operations.execute`` one by one, so that ``alembic upgrade --sql`` prints them. Online,
+The statements come from the schema module (``sqlalchemy_tickets._schema``: the same DDL and
+seed row that :meth:`TicketServer.create_tables <sqlalchemy_tickets.TicketServer.create_tables>`
+runs), built for the backend of the migration's dialect, and go through ``operations.execute``
+one by one, so that ``alembic upgrade --sql`` prints them. Online,
 the backend's ``check_create`` runs first (on MySQL/MariaDB it compares a Flickr table's
 requested stride with the server's ``auto_increment_increment``/``auto_increment_offset`` and
 raises :class:`~sqlalchemy_tickets.StrideMismatchError` before anything is created), and tables
@@ -13,6 +14,11 @@ its table exists).
 Online, the statements share the migration's transaction, unless the operation runs in
 ``op.get_context().autocommit_block()``: there tables are created in batches, each batch one
 transaction under the tables' creation locks, as ``TicketServer.create_tables`` does.
+
+The stamp table goes with the ticket tables and the tiers: made with them, each registered in
+it (online, tables that were there already too), and dropped with the last of them — in SQL
+the database runs where it can say "if no row is left" (PostgreSQL, MySQL/MariaDB); on SQLite
+the operation looks itself online, and a script keeps the table with a comment saying so.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from alembic.operations import Operations
 
-from .._naming import STAMP_TABLE, tier_tables
+from .._naming import STAMP_TABLE, TicketTable
 from .ops import (
     CreateDatacenterTablesOp,
     CreateTicketTableOp,
@@ -38,11 +44,13 @@ from .ops import (
     _NoOp,
 )
 
-# The dialect modules and the sources that make the statements are imported when an operation
-# runs: this module registers the implementations, and every `import alembic` loads it through
-# the package's plugin entry point.
+# The schema module and the dialect modules are imported when an operation runs: this module
+# registers the implementations, and every `import alembic` loads it through the package's plugin
+# entry point. Nothing of the runtime sources is imported: the statements are the schema
+# module's.
 if TYPE_CHECKING:
-    from ..dialects.base import TableSpec, TicketBackend
+    from .._schema import TableSpec
+    from ..dialects.base import TicketBackend
 
 #: Seconds a batch created in an autocommit block waits for another creator's locks (a
 #: migration has no timeout of its own; the ticket servers' clients hold them for milliseconds).
@@ -97,14 +105,16 @@ def create_ticket_tables(operations: Operations, operation: CreateTicketTablesOp
 
 
 def _create_ticket_tables(operations: Operations, specs: Sequence[TableSpec]) -> None:
+    from .. import _schema
+
     backend = _backend(operations)
     # Build every statement before running any: a spec the backend refuses (e.g. a stride on a
     # Flickr table where the server cannot supply one) fails with nothing written.
-    statements = {spec.table.name: backend.create_statements(spec) for spec in specs}
+    statements = {spec.table.name: _schema.create_statements(backend, spec) for spec in specs}
     # The stamp table goes with the ticket tables: the application's role, which may not
     # create tables, records their identities there (rewinds, docs/rewinds.md).
     if operations.get_context().as_sql:
-        _emit_all(operations, backend.stamp_statements())
+        _emit_all(operations, _schema.stamp_statements(backend))
         for spec in specs:
             _offline_stride_note(operations, backend, spec)
             _emit_all(operations, statements[spec.table.name])
@@ -114,8 +124,12 @@ def _create_ticket_tables(operations: Operations, specs: Sequence[TableSpec]) ->
         backend.check_create(bind, spec)
     existing = backend.existing_tables(bind, [*statements, STAMP_TABLE])
     if STAMP_TABLE not in existing:
-        _emit_all(operations, backend.stamp_statements())
+        _emit_all(operations, _schema.stamp_statements(backend))
     missing = [spec for spec in specs if spec.table.name not in existing]
+    # Tables that are there already (made by `init`, a first use, an older release) are
+    # registered all the same: their registration keeps the stamp table while they exist.
+    _emit_all(operations, _schema.register_statements(
+        backend, [spec.table.name for spec in specs if spec.table.name in existing]))
     if bind.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
         for spec in missing:
             _emit_all(operations, statements[spec.table.name])
@@ -146,21 +160,22 @@ def _offline_stride_note(operations: Operations, backend: TicketBackend, spec: T
 
 @Operations.implementation_for(DropTicketTableOp)
 def drop_ticket_table(operations: Operations, operation: DropTicketTableOp) -> None:
-    from ..dialects.base import TableSpec
-
-    backend = _backend(operations)
-    _emit_all(operations, backend.drop_statements(
-        TableSpec(operation.ticket_table), stamps=_has_stamps(operations, backend)))
+    _drop_ticket_tables(operations, [operation.ticket_table])
 
 
 @Operations.implementation_for(DropTicketTablesOp)
 def drop_ticket_tables(operations: Operations, operation: DropTicketTablesOp) -> None:
-    from ..dialects.base import TableSpec
+    _drop_ticket_tables(operations, operation.ticket_tables)
+
+
+def _drop_ticket_tables(operations: Operations, tables: Sequence[TicketTable]) -> None:
+    from .. import _schema
 
     backend = _backend(operations)
-    specs = [TableSpec(table) for table in operation.ticket_tables]
-    _emit_all(operations, backend.drop_statements(
-        *specs, stamps=_has_stamps(operations, backend)))
+    specs = [_schema.TableSpec(table) for table in tables]
+    stamps = _has_stamps(operations, backend)
+    _emit_all(operations, _schema.drop_statements(backend, specs, stamps=stamps))
+    _drop_unused_stamps(operations, backend, stamps)
 
 
 def _has_stamps(operations: Operations, backend: TicketBackend) -> bool:
@@ -170,14 +185,47 @@ def _has_stamps(operations: Operations, backend: TicketBackend) -> bool:
     return STAMP_TABLE in backend.existing_tables(operations.get_bind(), [STAMP_TABLE])
 
 
+def _drop_unused_stamps(operations: Operations, backend: TicketBackend, stamps: bool) -> None:
+    """After a drop, on a backend whose SQL cannot drop the stamp table only where no row is
+    left (SQLite; the others' drop statements hold it): online, look and drop; offline, say
+    in the script what to run once no table of the library is left."""
+    from .. import _schema
+
+    if not stamps or _schema.drop_unused_stamps_statements(backend) is not None:
+        return
+    if not operations.get_context().as_sql:
+        backend.drop_unused_stamps(operations.get_bind())
+        return
+    drop = sa.schema.DropTable(_schema.stamp_table(backend), if_exists=True)
+    ddl = str(drop.compile(dialect=operations.get_context().dialect)).strip()
+    _comment(operations, (
+        f"sqlalchemy-tickets: {STAMP_TABLE} stays: this database cannot drop it only where no "
+        "table uses it any more (no conditional DDL). Once no row is left in it (SELECT "
+        f"count(*) FROM {STAMP_TABLE} says 0), it may go: {ddl};"
+    ))
+
+
 @Operations.implementation_for(SyncTicketSequenceOp)
 def sync_ticket_sequence(operations: Operations, operation: SyncTicketSequenceOp) -> None:
-    from ..dialects.base import TableSpec
+    from .. import _schema
 
     backend = _backend(operations)
-    spec = TableSpec(operation.ticket_table)
-    t = backend.table(spec)
-    if backend.seed_row(spec) is None:
+    spec = _schema.TableSpec(operation.ticket_table)
+    attach = backend.embedded_attach(_EMBEDDED) if operation.embedded else None
+    schema = None if attach is None else _EMBEDDED
+    t = _schema.ticket_table(backend, spec, schema=schema)
+    attached_here = False
+    if attach is not None:
+        # The embedded default's own database (SQLite: the -tickets sibling file), made with
+        # the ticket table where the application never drew an id yet, as the embedded
+        # default would make them on first use.
+        attached_here = operations.get_context().as_sql or not backend.is_attached(
+            operations.get_bind(), _EMBEDDED)
+        if attached_here:
+            _emit_all(operations, attach[0])
+        _emit_all(operations, _schema.stamp_statements(backend, schema=schema))
+        _emit_all(operations, _schema.create_statements(backend, spec, schema=schema))
+    if _schema.seed_row(backend, spec) is None:
         # Flickr's table on MySQL/MariaDB starts without its row (the first REPLACE INTO makes
         # it), and an UPDATE of no row would move nothing: make the row as a legacy client
         # would, which costs one id that nobody gets.
@@ -186,14 +234,35 @@ def sync_ticket_sequence(operations: Operations, operation: SyncTicketSequenceOp
     floor = sa.select(sa.func.coalesce(sa.func.max(source.c[operation.column]), 0))
     # The statement `sqlalchemy-tickets sync` runs, with the floor read by the database.
     _emit(operations, backend.raise_floor_statement(t, floor.scalar_subquery()))
+    if attach is not None and attached_here:
+        _detach(operations, attach[1])
+
+
+#: The schema name the embedded default's database is attached as (``embedded=True``).
+_EMBEDDED = "tickets_embedded"
+
+
+def _detach(operations: Operations, statements: list[sa.sql.Executable]) -> None:
+    if operations.get_context().as_sql:
+        _emit_all(operations, statements)
+        return
+    try:
+        _emit_all(operations, statements)
+    except sa.exc.OperationalError as error:
+        # SQLite detaches nothing inside a transaction (the migration's, once it wrote):
+        # "database ... is locked". It stays attached until the connection closes, and a
+        # later operation on this connection uses it as it is.
+        if "locked" not in str(error.orig):
+            raise
 
 
 @Operations.implementation_for(RestrideTicketTableOp)
 def restride_ticket_table(operations: Operations, operation: RestrideTicketTableOp) -> None:
-    from ..dialects.base import TableSpec, last_id_below
+    from .. import _schema
+    from ..dialects.base import last_id_below
 
     backend = _backend(operations)
-    t = backend.table(TableSpec(operation.ticket_table))
+    t = _schema.ticket_table(backend, _schema.TableSpec(operation.ticket_table))
     floor = sa.case((t.c.id > operation.above, t.c.id), else_=operation.above)
     inc, off = operation.increment, operation.offset
     last = last_id_below(floor + 1, inc, off)
@@ -207,43 +276,41 @@ def _no_op(operations: Operations, operation: _NoOp) -> None:
 
 @Operations.implementation_for(CreateWorkerLeaseTableOp)
 def create_worker_lease_table(operations: Operations, operation: CreateWorkerLeaseTableOp) -> None:
-    from ..sources.lease import lease_table_statements
+    from .._schema import lease_table_statements
 
     _emit_all(operations, lease_table_statements(name=operation.name))
 
 
 @Operations.implementation_for(DropWorkerLeaseTableOp)
 def drop_worker_lease_table(operations: Operations, operation: DropWorkerLeaseTableOp) -> None:
-    from ..sources.lease import drop_lease_table_statements
+    from .._schema import drop_lease_table_statements
 
     _emit_all(operations, drop_lease_table_statements(name=operation.name))
 
 
 @Operations.implementation_for(CreateDatacenterTablesOp)
 def create_datacenter_tables(operations: Operations, operation: CreateDatacenterTablesOp) -> None:
-    from ..sources.datacenter import datacenter_table_statements
+    from .. import _schema
 
     context = operations.get_context()
-    _emit_all(operations, datacenter_table_statements(
-        dialect=context.dialect.name, table_prefix=operation.table_prefix
-    ))
+    backend = _backend(operations)
+    _emit_all(operations, _schema.tier_statements(backend, operation.names))
     if context.as_sql:
         _comment(operations, "tier tables made by a release before 0.4 need the columns of "
                  "the one-statement take: run this migration online, or `sqlalchemy-tickets "
                  "init --url URL --datacenter-tier`, to add them")
         return
     # Tables made by an older release: the columns of the one-statement take are added.
-    backend = _backend(operations)
-    _, state = backend.tier_tables(tier_tables(operation.table_prefix))
+    _, state = _schema.tier_tables(backend, operation.names)
     for _, ddl in backend.missing_columns(operations.get_bind(), state):
         operations.execute(ddl)
 
 
 @Operations.implementation_for(DropDatacenterTablesOp)
 def drop_datacenter_tables(operations: Operations, operation: DropDatacenterTablesOp) -> None:
-    from ..sources.datacenter import drop_datacenter_table_statements
+    from .. import _schema
 
-    dialect = operations.get_context().dialect.name
-    _emit_all(operations, drop_datacenter_table_statements(
-        dialect=dialect, table_prefix=operation.table_prefix
-    ))
+    backend = _backend(operations)
+    stamps = _has_stamps(operations, backend)
+    _emit_all(operations, _schema.drop_tier_statements(backend, operation.names, stamps=stamps))
+    _drop_unused_stamps(operations, backend, stamps)

@@ -20,14 +20,9 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Dialect
 
-from .._naming import (
-    MAX_SEQUENCE_LENGTH,
-    STAMP_NAME_LENGTH,
-    STAMP_TABLE,
-    TicketTable,
-    TierTables,
-    first_id,
-)
+from .. import _schema
+from .._naming import TicketTable, TierTables
+from .._schema import TableSpec as TableSpec  # re-exported: its home before the schema module
 from ..errors import DriverNotInstalledError, TicketsError
 from ._clock import db_now_ms
 
@@ -245,22 +240,6 @@ class Identity:
         return self.stamp
 
 
-@dataclass(frozen=True)
-class TableSpec:
-    """How to create a ticket table: which table, and where its id space starts."""
-
-    table: TicketTable
-    start: int = 1
-    increment: int = 1
-    offset: int = 1
-    #: Storage engine, where the backend has a choice (MySQL: ``InnoDB`` or ``MyISAM``).
-    storage_engine: str = "InnoDB"
-
-    @property
-    def first_id(self) -> int:
-        return first_id(self.start, self.increment, self.offset)
-
-
 class TicketBackend:
     """The SQL and driver knowledge of one backend. Subclasses live in this package, one per module.
 
@@ -367,6 +346,27 @@ class TicketBackend:
         """Where the embedded default keeps the ticket tables of an application database."""
         return app_url
 
+    def embedded_attach(
+        self, alias: str
+    ) -> tuple[list[sa.sql.Executable], list[sa.sql.Executable]] | None:
+        """Where the embedded default keeps an application database's ticket tables in
+        another database (:meth:`embedded_url`): the statements that attach it, as the schema
+        ``alias``, to a connection of the application's database, and those that detach it —
+        the same online and in a ``--sql`` script. ``None``: they are in the application's
+        own database."""
+        return None
+
+    def is_attached(self, connection: sa.Connection, alias: str) -> bool:
+        """Whether :meth:`embedded_attach` attached ``alias`` to ``connection`` already."""
+        return False
+
+    def embedded_tables(self, connection: sa.Connection, names: Sequence[str]) -> set[str] | None:
+        """Those of ``names`` that are tables where the embedded default keeps the ticket
+        tables of the application database ``connection`` is on, when that is another
+        database (:meth:`embedded_attach`), read without creating it; ``None``: it is that
+        database itself."""
+        return None
+
     def seen_apart(self, app_url: URL) -> bool:
         """Whether a connection of the library's own to the application's database sees what
         the application's connections see (not an in-memory SQLite database: each connection
@@ -449,32 +449,10 @@ class TicketBackend:
 
     def table(self, spec: TableSpec, metadata: sa.MetaData | None = None) -> sa.Table:
         """The Core ``Table`` of a ticket table (its DDL is what ``create`` emits)."""
-        metadata = metadata if metadata is not None else sa.MetaData()
-        t = spec.table
-        if t.flickr:
-            return self.flickr_table(spec, metadata)
-        return sa.Table(
-            t.name,
-            metadata,
-            sa.Column("stub", sa.CHAR(1), primary_key=True),
-            sa.Column("id", sa.BigInteger, nullable=False),
-            # Quoted always: MariaDB reserves OFFSET, and an offline script for a mysql:// URL
-            # cannot know which server it will run on.
-            sa.Column("increment", sa.Integer, nullable=False, quote=True),
-            sa.Column("offset", sa.Integer, nullable=False, quote=True),
-        )
+        return _schema.ticket_table(self, spec, metadata)
 
     def flickr_table(self, spec: TableSpec, metadata: sa.MetaData) -> sa.Table:
-        id_type = sa.BigInteger if spec.table.bits == 64 else sa.Integer
-        return sa.Table(
-            spec.table.name,
-            metadata,
-            sa.Column("id", id_type, primary_key=True, autoincrement=False),
-            sa.Column("stub", sa.CHAR(1), nullable=False, server_default=""),
-            # Constraint names are per schema on PostgreSQL: Tickets64 and Tickets32 each need
-            # their own (MySQL keeps Flickr's UNIQUE KEY `stub`).
-            sa.UniqueConstraint("stub", name=f"{spec.table.name}_stub"),
-        )
+        return _schema.flickr_table(self, spec, metadata)
 
     #: Whether Flickr's table starts without its row, made by the first client's
     #: :meth:`start_flickr_row` (MySQL/MariaDB: as a legacy client's ``REPLACE INTO``).
@@ -486,58 +464,45 @@ class TicketBackend:
 
     def seed_row(self, spec: TableSpec) -> dict[str, Any] | None:
         """The row a new ticket table starts with (``id`` = the id before the first one)."""
-        if spec.table.flickr:
-            if spec.increment != 1 or spec.offset != 1:
-                raise TicketsError(
-                    f"Flickr's {spec.table.name} table has no stride columns on this backend; "
-                    "use a named sequence (e.g. create_ticket_table('Photos', increment=2, "
-                    "offset=2)) for odd/even ticket servers"
-                )
-            return {"id": spec.first_id - 1, "stub": "a"}
-        return {
-            "stub": "a",
-            "id": spec.first_id - spec.increment,
-            "increment": spec.increment,
-            "offset": spec.offset,
-        }
+        return _schema.seed_row(self, spec)
 
     def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
         """An INSERT of the seed row that does nothing when the row is already there."""
         raise NotImplementedError
 
     def create_statements(self, spec: TableSpec) -> list[sa.sql.Executable]:
-        """DDL and seed for a ticket table, safe to run when it already exists."""
-        table = self.table(spec)
-        statements: list[sa.sql.Executable] = [sa.schema.CreateTable(table, if_not_exists=True)]
-        row = self.seed_row(spec)
-        if row is not None:
-            statements.append(self.insert_seed(table, row))
-        return statements
+        """DDL and seed for a ticket table, safe to run when it already exists
+        (``_schema.create_statements``)."""
+        return _schema.create_statements(self, spec)
 
     def stamp_statements(self) -> list[sa.sql.Executable]:
-        """DDL creating the stamp table (:meth:`stamp_table`), safe to run when it exists: made
-        with the ticket tables, by every path that makes them, so that at run time a role
-        with only SELECT, INSERT, UPDATE and DELETE keeps every guard against rewinds."""
-        return [sa.schema.CreateTable(self.stamp_table(), if_not_exists=True)]
+        """DDL creating the stamp table, safe to run when it exists
+        (``_schema.stamp_statements``)."""
+        return _schema.stamp_statements(self)
 
     def drop_statements(self, *specs: TableSpec, stamps: bool = True) -> list[sa.sql.Executable]:
-        """DDL dropping ticket tables, and forgetting their recorded identities (``stamps``:
-        the stamp table is there): a table dropped on purpose and made again later is a new
-        sequence, not a rewind."""
-        statements: list[sa.sql.Executable] = [
-            sa.schema.DropTable(self.table(spec), if_exists=True) for spec in specs
-        ]
-        if not specs or not stamps:
-            return statements
-        stamps_t = self.stamp_table()
-        names = [spec.table.name for spec in specs]
-        for at in range(0, len(names), _NAMES_PER_STATEMENT):
-            chunk = names[at : at + _NAMES_PER_STATEMENT]
-            which = (
-                stamps_t.c.name == chunk[0] if len(chunk) == 1 else stamps_t.c.name.in_(chunk)
-            )
-            statements.append(sa.delete(stamps_t).where(which))
-        return statements
+        """DDL dropping ticket tables (``_schema.drop_statements``)."""
+        return _schema.drop_statements(self, specs, stamps=stamps)
+
+    def drop_if_empty_statements(self, table: sa.Table) -> list[sa.sql.Executable] | None:
+        """Statements dropping ``table`` if it has no row, decided by the database as they run
+        (the same online and in a ``--sql`` script); ``None``: this backend's SQL cannot say
+        it, and :meth:`drop_unused_stamps` looks itself."""
+        return None
+
+    def drop_unused_stamps(self, connection: sa.Connection) -> None:
+        """Drop the stamp table, which must exist, if no row is left in it (no table of the
+        library uses it any more): :meth:`drop_if_empty_statements`, or where SQL cannot say
+        it, a look for a row and the drop (one writer at a time on SQLite's file, the only
+        such backend, in the caller's transaction)."""
+        t = self.stamp_table()
+        statements = self.drop_if_empty_statements(t)
+        if statements is None:
+            if connection.execute(sa.select(t.c.name).limit(1)).first() is not None:
+                return
+            statements = [sa.schema.DropTable(t, if_exists=True)]
+        for statement in statements:
+            connection.execute(statement)
 
     def stride_of(self, t: sa.Table) -> tuple[sa.ColumnElement[int], sa.ColumnElement[int]]:
         """SQL expressions for a table's increment and offset."""
@@ -624,20 +589,9 @@ class TicketBackend:
         return []
 
     def stamp_table(self, metadata: sa.MetaData | None = None) -> sa.Table:
-        """What the library records about this database to notice that it went back in time:
-        each ticket table's and datacenter tier's identity (``stamp``, keyed by table name),
-        and the highest id a tier stored from each upstream lane (``last_id``)."""
-        metadata = metadata if metadata is not None else sa.MetaData()
-        return sa.Table(
-            STAMP_TABLE,
-            metadata,
-            sa.Column("name", sa.String(STAMP_NAME_LENGTH), primary_key=True),
-            sa.Column("stamp", sa.String(255), nullable=False, server_default=""),
-            sa.Column("synchronous", sa.SmallInteger, nullable=False, server_default="0"),
-            sa.Column("last_id", sa.BigInteger, nullable=True),
-            comment="sqlalchemy-tickets: identities and high-water marks, to notice rewinds",
-            **self.tier_table_options(),
-        )
+        """What the library records about this database to notice that it went back in time
+        (``_schema.stamp_table``)."""
+        return _schema.stamp_table(self, metadata)
 
     def read_stamp(self, connection: sa.Connection, table: TicketTable) -> Identity | None:
         """The identity recorded for ``table`` (``None``: none recorded). Without a stamp table
@@ -671,69 +625,22 @@ class TicketBackend:
     def tier_tables(
         self, names: TierTables, metadata: sa.MetaData | None = None
     ) -> tuple[sa.Table, sa.Table]:
-        """The Core tables of a datacenter tier: its stock of id ranges, and one state row per
-        (sequence, bits). See ``sources/datacenter.py`` for what each column means."""
-        metadata = metadata if metadata is not None else sa.MetaData()
-        options = self.tier_table_options()
-        stock = sa.Table(
-            names.stock,
-            metadata,
-            sa.Column("sequence_name", sa.String(MAX_SEQUENCE_LENGTH), primary_key=True),
-            sa.Column("bits", sa.SmallInteger, primary_key=True, autoincrement=False),
-            # 0: given back, 1: never issued. The key's order is the order ids go out in:
-            # ranges given back first, then upwards.
-            sa.Column("kind", sa.SmallInteger, primary_key=True, autoincrement=False),
-            sa.Column("first_id", sa.BigInteger, primary_key=True, autoincrement=False),
-            sa.Column("last_id", sa.BigInteger, nullable=False),
-            sa.Column("step", sa.Integer, nullable=False),
-            comment="sqlalchemy-tickets: datacenter tier, ranges of ids in stock",
-            **options,
-        )
-        state = sa.Table(
-            names.state,
-            metadata,
-            sa.Column("sequence_name", sa.String(MAX_SEQUENCE_LENGTH), primary_key=True),
-            sa.Column("bits", sa.SmallInteger, primary_key=True, autoincrement=False),
-            sa.Column("stock", sa.BigInteger, nullable=False, server_default="0"),
-            sa.Column("issued", sa.BigInteger, nullable=False, server_default="0"),
-            sa.Column("given_back", sa.BigInteger, nullable=False, server_default="0"),
-            sa.Column("refills", sa.BigInteger, nullable=False, server_default="0"),
-            sa.Column("refilled", sa.BigInteger, nullable=False, server_default="0"),
-            sa.Column("rate", sa.Double, nullable=False, server_default="0"),
-            sa.Column("rate_at", sa.BigInteger, nullable=False, server_default="0"),
-            sa.Column("rate_count", sa.BigInteger, nullable=False, server_default="0"),
-            sa.Column("claim_owner", sa.String(64), nullable=False, server_default=""),
-            sa.Column("claim_until", sa.BigInteger, nullable=False, server_default="0"),
-            sa.Column("refilled_at", sa.BigInteger, nullable=False, server_default="0"),
-            sa.Column("exhausted", sa.SmallInteger, nullable=False, server_default="0"),
-            # The range being handed out (empty when head_first > head_last), out of the stock
-            # rows: a take moves this one row in one statement (see tier_take).
-            sa.Column("head_kind", sa.SmallInteger, nullable=False, server_default="1"),
-            sa.Column("head_first", sa.BigInteger, nullable=False, server_default="1"),
-            sa.Column("head_last", sa.BigInteger, nullable=False, server_default="0"),
-            sa.Column("head_step", sa.Integer, nullable=False, server_default="1"),
-            # How many ids the latest take handed out: how a one-statement take returns its
-            # block where RETURNING shows only new values.
-            sa.Column("last_take", sa.BigInteger, nullable=False, server_default="0"),
-            comment="sqlalchemy-tickets: datacenter tier, stock, rate and refill claim",
-            **options,
-        )
-        return stock, state
+        """The Core tables of a datacenter tier (``_schema.tier_tables``)."""
+        return _schema.tier_tables(self, names, metadata)
 
     def tier_table_options(self) -> dict[str, Any]:
         """Dialect options of a datacenter tier's tables (MySQL: a transactional engine)."""
         return {}
 
     def tier_statements(self, names: TierTables) -> list[sa.sql.Executable]:
-        """DDL creating a datacenter tier's tables, safe to run when they exist; with the stamp
-        table, where the tier records its identity and its upstream lanes' marks."""
-        return [
-            *(sa.schema.CreateTable(t, if_not_exists=True) for t in self.tier_tables(names)),
-            *self.stamp_statements(),
-        ]
+        """DDL creating a datacenter tier's tables (``_schema.tier_statements``)."""
+        return _schema.tier_statements(self, names)
 
-    def drop_tier_statements(self, names: TierTables) -> list[sa.sql.Executable]:
-        return [sa.schema.DropTable(t, if_exists=True) for t in reversed(self.tier_tables(names))]
+    def drop_tier_statements(
+        self, names: TierTables, *, stamps: bool = True
+    ) -> list[sa.sql.Executable]:
+        """DDL dropping a datacenter tier's tables (``_schema.drop_tier_statements``)."""
+        return _schema.drop_tier_statements(self, names, stamps=stamps)
 
     def missing_columns(
         self, connection: sa.Connection, table: sa.Table
@@ -1131,10 +1038,6 @@ def last_id_below(first: Any, increment: Any, offset: Any) -> Any:
     ``offset`` (mod ``increment``) — in SQL or in Python. ``(x % n + n) % n`` because ``%``
     keeps the sign of ``x`` on these databases."""
     return first + ((offset - first) % increment + increment) % increment - increment
-
-
-#: Names bound in one ``IN (...)`` list: well under every backend's limit on parameters.
-_NAMES_PER_STATEMENT = 500
 
 
 def lock_key(table: TicketTable) -> int:

@@ -135,33 +135,28 @@ class MySQLBackend(TicketBackend):
         error: Exception = dbapi.OperationalError(_CANNOT_CONNECT, message)
         return error
 
-    def flickr_table(self, spec: TableSpec, metadata: sa.MetaData) -> sa.Table:
-        unsigned: sa.types.TypeEngine[int] = (
-            mysql.BIGINT(20, unsigned=True)
-            if spec.table.bits == 64
-            else mysql.INTEGER(10, unsigned=True)
-        )
-        return sa.Table(
-            spec.table.name,
-            metadata,
-            sa.Column("id", unsigned, primary_key=True, autoincrement=True),
-            sa.Column("stub", sa.CHAR(1), nullable=False, server_default=""),
-            sa.UniqueConstraint("stub", name="stub"),
-            # The mariadb dialect reads only mariadb_* options, the mysql dialect mysql_*.
-            mysql_engine=spec.storage_engine,
-            mysql_auto_increment=str(spec.first_id),
-            mariadb_engine=spec.storage_engine,
-            mariadb_auto_increment=str(spec.first_id),
-        )
-
     flickr_row_from_client = True
-
-    def seed_row(self, spec: TableSpec) -> dict[str, Any] | None:
-        # Flickr's table starts empty: the first REPLACE INTO creates the row.
-        return None if spec.table.flickr else super().seed_row(spec)
 
     def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
         return sa.insert(table).values(**row).prefix_with("IGNORE")
+
+    def drop_if_empty_statements(self, table: sa.Table) -> list[sa.sql.Executable] | None:
+        # No conditional DDL outside stored programs: the statement to run (the DROP, or a
+        # DO that does nothing) is chosen by the database in a session variable, then
+        # prepared and run; the same online and in --sql scripts. DDL commits at once here,
+        # so a writer registering a table between the look and the drop is not held off as
+        # on PostgreSQL: it fails on the missing table, and makes it again.
+        dialect = mysql.dialect()
+        name = dialect.identifier_preparer.format_table(table)
+        drop = str(sa.schema.DropTable(table, if_exists=True).compile(dialect=dialect)).strip()
+        return [
+            sa.text(
+                f"SET {_DROP_VARIABLE} = IF(EXISTS (SELECT 1 FROM {name}), 'DO 0', :ddl)"
+            ).bindparams(sa.bindparam("ddl", drop, type_=sa.String)),
+            sa.text(f"PREPARE {_DROP_STATEMENT} FROM {_DROP_VARIABLE}"),
+            sa.text(f"EXECUTE {_DROP_STATEMENT}"),
+            sa.text(f"DEALLOCATE PREPARE {_DROP_STATEMENT}"),
+        ]
 
     @contextmanager
     def creating(
@@ -404,6 +399,11 @@ class MySQLBackend(TicketBackend):
 
     def is_conflict(self, error: BaseException) -> bool:
         return _error_code(error) == _DEADLOCK
+
+
+#: The session variable and prepared statement of ``drop_if_empty_statements``.
+_DROP_VARIABLE = "@tickets_drop_if_empty"
+_DROP_STATEMENT = "tickets_drop_if_empty"
 
 
 def _keep(name: str, value: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:

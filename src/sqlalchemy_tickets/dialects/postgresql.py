@@ -258,6 +258,21 @@ class PostgreSQLBackend(ReturningBackend):
     def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
         return postgresql.insert(table).values(**row).on_conflict_do_nothing()
 
+    def drop_if_empty_statements(self, table: sa.Table) -> list[sa.sql.Executable] | None:
+        # One DO block: the same online and in --sql scripts. Where the table looks empty it
+        # is locked first (a writer registering a table right then commits before, or waits
+        # and finds no table), and dropped only if still empty: the lock is taken only on the
+        # way to the drop, so a migration that leaves rows does not hold readers up.
+        dialect = URL.create("postgresql").get_dialect()()  # its driver is not imported
+        name = dialect.identifier_preparer.format_table(table)
+        empty = f"NOT EXISTS (SELECT 1 FROM {name})"
+        drop = str(sa.schema.DropTable(table).compile(dialect=dialect)).strip()
+        # One line: scripts are often split at a semicolon that ends a line.
+        return [sa.text(
+            f"DO $tickets$ BEGIN IF {empty} THEN LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE; "
+            f"IF {empty} THEN {drop}; END IF; END IF; END $tickets$"
+        )]
+
     def is_retryable(self, error: BaseException) -> bool:
         code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
         if code is not None:

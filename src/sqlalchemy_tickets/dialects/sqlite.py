@@ -10,11 +10,12 @@ from __future__ import annotations
 import os.path
 import sqlite3
 from collections.abc import Awaitable, Callable, Hashable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 from sqlalchemy.engine import URL, Dialect
 from sqlalchemy.pool import StaticPool
 
@@ -83,6 +84,40 @@ class SQLiteBackend(ReturningBackend):
             # Its query (``uri=true``...) would make ":memory:" the name of a file on disk.
             return app_url.set(database=":memory:", query={})
         return app_url.set(database=f"{app_url.database}{EMBEDDED_SUFFIX}")
+
+    def embedded_attach(
+        self, alias: str
+    ) -> tuple[list[sa.sql.Executable], list[sa.sql.Executable]] | None:
+        # The sibling of the file the connection has open, named as embedded_url names it,
+        # found by the database as the statement runs: the same online and in a --sql
+        # script, whatever path it is run with. An in-memory database's embedded default is
+        # another in-memory database, out of any migration's reach: a throwaway one stands in.
+        quoted = sqlite_dialect().identifier_preparer.quote(alias)
+        sibling = (
+            "(SELECT CASE WHEN file = '' THEN ':memory:' "
+            f"ELSE file || '{EMBEDDED_SUFFIX}' END FROM pragma_database_list WHERE name = 'main')"
+        )
+        return (
+            [sa.text(f"ATTACH DATABASE {sibling} AS {quoted}")],
+            [sa.text(f"DETACH DATABASE {quoted}")],
+        )
+
+    def is_attached(self, connection: sa.Connection, alias: str) -> bool:
+        return alias in {row[1] for row in connection.exec_driver_sql("PRAGMA database_list")}
+
+    def embedded_tables(self, connection: sa.Connection, names: Sequence[str]) -> set[str] | None:
+        main = connection.exec_driver_sql(
+            "SELECT file FROM pragma_database_list WHERE name = 'main'"
+        ).scalar()
+        sibling = Path(f"{main}{EMBEDDED_SUFFIX}") if main else None
+        if sibling is None or not sibling.is_file():
+            return set()  # not made yet (or an in-memory database's, out of reach)
+        # Read-only: looking makes nothing.
+        with closing(sqlite3.connect(f"{sibling.as_uri()}?mode=ro", uri=True)) as db:
+            found = {str(name).lower() for (name,) in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'"
+            )}
+        return {name for name in names if name.lower() in found}
 
     def seen_apart(self, app_url: URL) -> bool:
         return not _is_memory(app_url)

@@ -29,6 +29,7 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
+from .. import _schema
 from .._naming import STAMP_TABLE, TicketTable
 from ..dialects._connect import OwnEngine, create_under_lock
 from ..dialects.base import Identity
@@ -49,7 +50,7 @@ _reported_lock = threading.Lock()
 def create_stamp_table(own: OwnEngine) -> None:
     """Make the stamp table of ``own``'s database, under its creation lock (concurrent
     creators wait for each other); nothing happens where it exists."""
-    create_under_lock(own, [_STAMPS], lambda conn: own.backend.stamp_statements())
+    create_under_lock(own, [_STAMPS], lambda conn: _schema.stamp_statements(own.backend))
 
 
 class Stamps:

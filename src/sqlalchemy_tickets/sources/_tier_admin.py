@@ -12,6 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
+from .. import _schema
 from .._naming import DEFAULT_TIER_PREFIX, STAMP_TABLE, TicketTable, TierTables, tier_tables
 from ..dialects._clock import db_now_ms
 from ..dialects._connect import Bind, OwnEngine, create_under_lock, sync_bind
@@ -42,22 +43,21 @@ def datacenter_tables(
 ) -> tuple[sa.Table, sa.Table]:
     """The Core ``(stock, state)`` tables of a datacenter tier on ``dialect``'s backend (added
     to ``metadata`` if given), e.g. for Alembic's ``target_metadata``."""
-    backend = _backend(dialect)
-    return backend.tier_tables(tier_tables(table_prefix), metadata)
+    return _schema.tier_tables(_backend(dialect), tier_tables(table_prefix), metadata)
 
 
 def datacenter_table_statements(
     *, dialect: str = "postgresql", table_prefix: str = DEFAULT_TIER_PREFIX
 ) -> list[sa.sql.Executable]:
     """DDL creating a datacenter tier's tables; safe to run when they exist."""
-    return _backend(dialect).tier_statements(tier_tables(table_prefix))
+    return _schema.tier_statements(_backend(dialect), tier_tables(table_prefix))
 
 
 def drop_datacenter_table_statements(
     *, dialect: str = "postgresql", table_prefix: str = DEFAULT_TIER_PREFIX
 ) -> list[sa.sql.Executable]:
     """DDL dropping a datacenter tier's tables (and the ids in stock with them)."""
-    return _backend(dialect).drop_tier_statements(tier_tables(table_prefix))
+    return _schema.drop_tier_statements(_backend(dialect), tier_tables(table_prefix))
 
 
 def _backend(dialect: str) -> TicketBackend:
@@ -91,8 +91,8 @@ def create_tables(own: OwnEngine, names: TierTables) -> None:
     # Nothing is sent where the tables exist: a role without the CREATE right is refused
     # even CREATE TABLE IF NOT EXISTS (a migration made them; this is its application).
     if set(wanted) - own.run(lambda conn: own.backend.existing_tables(conn, wanted)):
-        create_under_lock(own, lock, lambda conn: own.backend.tier_statements(names))
-    _, state = own.backend.tier_tables(names)
+        create_under_lock(own, lock, lambda conn: _schema.tier_statements(own.backend, names))
+    _, state = _schema.tier_tables(own.backend, names)
     if not has_columns(own, state):
 
         def upgrade(conn: sa.Connection) -> Iterator[sa.sql.Executable]:
@@ -177,7 +177,7 @@ def describe_datacenter(
 
 
 def describe(own: OwnEngine, names: TierTables) -> list[TierStatus]:
-    stock_t, state_t = own.backend.tier_tables(names)
+    stock_t, state_t = _schema.tier_tables(own.backend, names)
     try:
         with own.connect() as conn:
             states = conn.execute(

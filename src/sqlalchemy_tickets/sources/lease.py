@@ -53,6 +53,12 @@ from sqlalchemy.engine import URL, Engine
 
 from .._deprecation import deprecated_alias
 from .._naming import check_seconds
+from .._schema import (
+    DEFAULT_LEASE_TABLE,
+    drop_lease_table_statements,
+    lease_table,
+    lease_table_statements,
+)
 from ..dialects._clock import db_now_ms
 from ..dialects._connect import Bind, OwnEngine, engine_of, to_url
 from ..errors import TicketsError
@@ -71,49 +77,13 @@ __all__ = [
 
 log = logging.getLogger("sqlalchemy_tickets")
 
-DEFAULT_LEASE_TABLE = "tickets_worker_leases"
 DEFAULT_NAMESPACE = "default"
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
 
 
 # -- the table -----------------------------------------------------------------------------------
-
-
-def lease_table(
-    metadata: sa.MetaData | None = None,
-    *,
-    name: str = DEFAULT_LEASE_TABLE,
-    schema: str | None = None,
-) -> sa.Table:
-    """The Core ``Table`` of worker leases (added to ``metadata`` if given)."""
-    return sa.Table(
-        name,
-        metadata if metadata is not None else sa.MetaData(),
-        sa.Column("namespace", sa.String(64), primary_key=True),
-        sa.Column("worker_id", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("holder", sa.String(32), nullable=False, server_default=""),
-        sa.Column("owner", sa.String(200), nullable=False, server_default=""),
-        sa.Column("expires_at", sa.BigInteger, nullable=False),
-        sa.Column("issued_until", sa.BigInteger, nullable=False, server_default="0"),
-        sa.Column("acquired_at", sa.BigInteger, nullable=False, server_default="0"),
-        sa.Column("renewed_at", sa.BigInteger, nullable=False, server_default="0"),
-        schema=schema,
-        comment="sqlalchemy-tickets: Snowflake worker-id leases",
-    )
-
-
-def lease_table_statements(
-    *, name: str = DEFAULT_LEASE_TABLE, schema: str | None = None
-) -> list[sa.sql.Executable]:
-    """DDL creating the lease table; safe to run when it exists."""
-    return [sa.schema.CreateTable(lease_table(name=name, schema=schema), if_not_exists=True)]
-
-
-def drop_lease_table_statements(
-    *, name: str = DEFAULT_LEASE_TABLE, schema: str | None = None
-) -> list[sa.sql.Executable]:
-    """DDL dropping the lease table (forgets every worker's ``issued_until``)."""
-    return [sa.schema.DropTable(lease_table(name=name, schema=schema), if_exists=True)]
+# lease_table() and its statements are the schema module's, where every table of the library is
+# made from; they stay importable from here, where they always were.
 
 
 def create_lease_table(
