@@ -773,6 +773,15 @@ def create_under_lock(
             logger.debug("%s: created concurrently; again", ", ".join(t.name for t in tables))
         except (sa_exc.DBAPIError, DatabaseUnavailable) as error:
             orig = getattr(error, "orig", None) or getattr(error.__cause__, "orig", None)
+            if orig is not None and backend.created_concurrently(orig):
+                # Without locks (no transaction blocks), another creator's CREATE of the same
+                # table landed between this one's look and its own: the step runs again.
+                conflicts += 1
+                if conflicts == _CREATE_ATTEMPTS:
+                    raise
+                logger.debug("%s: created concurrently; again",
+                             ", ".join(t.name for t in tables))
+                continue
             if transactions and backend.refuses_transactions(orig):
                 logger.info(
                     "%s refuses transaction blocks (PgBouncer in statement pooling?): "

@@ -807,6 +807,11 @@ class TicketBackend:
         """Whether a DBAPI error says the ticket table does not exist."""
         raise NotImplementedError
 
+    def created_concurrently(self, error: BaseException) -> bool:
+        """Whether a DBAPI error of ``CREATE ... IF NOT EXISTS`` says another session created
+        the same object at the same moment (the statement may run again: it finds it)."""
+        return False
+
     def is_denied(self, error: BaseException) -> bool:
         """Whether a DBAPI error says the role may not do this (create a table, say)."""
         return False

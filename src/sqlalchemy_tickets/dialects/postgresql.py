@@ -294,6 +294,12 @@ class PostgreSQLBackend(ReturningBackend):
         code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
         return code == "42P01"
 
+    def created_concurrently(self, error: BaseException) -> bool:
+        code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        # IF NOT EXISTS looks before it creates: two sessions may both find nothing, and the
+        # second then meets the first's table (42P07), its row type (42710) or a catalog key.
+        return code in ("42P07", "42710", "23505")
+
     def is_denied(self, error: BaseException) -> bool:
         code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
         return code == "42501"  # insufficient_privilege

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from .._naming import STAMP_TABLE, check_bits, check_stride, normalize_sequence, ticket_table
+from .._schema import register_statements
 from ..dialects._connect import create_under_lock
 from ..dialects.base import TableSpec
 from ..errors import TicketsError
@@ -87,6 +88,7 @@ class TableMaker:
         # Built before anything runs: a table the backend refuses (Flickr's with a stride
         # where the server cannot supply one) fails with nothing written.
         statements = {spec.table.name: self.db.backend.create_statements(spec) for spec in specs}
+
         def look(conn: sa.Connection) -> set[str]:
             for spec in specs:
                 self.db.backend.check_create(conn, spec)
@@ -103,6 +105,12 @@ class TableMaker:
             create_stamp_table(self.db.own)
         if reseed:
             existing = set()
+        there = [spec.table.name for spec in specs if spec.table.name in existing]
+        if there:
+            # Registered as a migration registers them, where an older release made them
+            # (the stamp table stays while a ticket table uses it: ``_schema.py``).
+            registered = register_statements(self.db.backend, there)
+            self.db.own.run(lambda conn: [conn.execute(st) for st in registered])
         pending = [spec for spec in specs if spec.table.name not in existing]
         created: list[str] = []
         size = min(_FIRST_BATCH, self.db.backend.create_batch)

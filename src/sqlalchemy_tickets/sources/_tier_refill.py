@@ -23,6 +23,7 @@ from sqlalchemy import exc as sa_exc
 
 from .._backoff import Backoff
 from .._naming import TicketTable
+from .._schema import tier_mark_prefix
 from ..errors import DatabaseUnavailable, ExhaustedError, TicketsError
 from . import _rewind
 from ._lanes import FailurePolicy
@@ -450,7 +451,7 @@ class TierRefills:
         self.failures.failed(lane, error, final=final)
 
     def _mark_prefix(self, lane: TierLane) -> str:
-        return f"upstream:{self.db.names.state}:{lane.name}/{lane.bits}:"
+        return f"{tier_mark_prefix(self.db.names)}{lane.name}/{lane.bits}:"
 
     def _mark_name(self, lane: TierLane, block: range) -> str:
         """The key of an upstream lane's high-water mark in the stamp table."""
