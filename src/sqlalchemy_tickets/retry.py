@@ -36,7 +36,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, make_transient_to_detached
 
 from ._backoff import Backoff
-from .dialects.base import every_backend
+from .dialects._registry import every_backend
 from .errors import CommitOutcomeUnknownError, DatabaseUnavailable, TicketsError
 
 if TYPE_CHECKING:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..errors import DriverNotInstalledError
-from .base import TicketBackend, backend_for, register_backend
+from ._registry import backend_for, register_backend
+from .base import TicketBackend
 
 __all__ = ["DriverNotInstalledError", "TicketBackend", "backend_for", "register_backend"]

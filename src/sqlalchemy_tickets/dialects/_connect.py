@@ -49,7 +49,8 @@ from .. import _process
 from .._naming import TicketTable, check_seconds
 from ..errors import DatabaseUnavailable, TicketsError
 from ._driven import CONNECT_TIMEOUT, driven_url
-from .base import ConnectParams, TicketBackend, backend_for
+from ._registry import backend_for
+from .base import ConnectParams, TicketBackend
 
 if TYPE_CHECKING:
     # Annotations only: sqlalchemy.ext.asyncio needs greenlet (the asyncio extra).

@@ -1,246 +1,38 @@
-"""What every backend provides, and the registry that picks one by dialect name.
-
-Shared code asks the registry for the backend of a dialect and calls its methods; it never tests
-``dialect.name`` itself. The SQL is built with SQLAlchemy Core (so identifiers are quoted by the
-dialect's own rules) and compiled once per table into a :class:`RawStatement`, which ticket
-sources run straight on a DBAPI cursor: a ticket round trip is on every insert's path.
+"""What every backend provides: its SQL, built with SQLAlchemy Core (so identifiers are quoted by
+the dialect's own rules) and compiled once per table into a :class:`RawStatement`, which ticket
+sources run straight on a DBAPI cursor: a ticket round trip is on every insert's path. The
+registry (``_registry``) picks a backend by dialect name; shared code never tests
+``dialect.name`` itself.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import threading
 import zlib
-from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import URL, Dialect
+from sqlalchemy.engine import Dialect
 
 from .. import _schema
 from .._naming import TicketTable, TierTables
 from .._schema import TableSpec as TableSpec  # re-exported: its home before the schema module
-from ..errors import DriverNotInstalledError, TicketsError
 from ._clock import db_now_ms
-
-# Backend modules are imported lazily: a SQLite user need not have psycopg installed.
-_MODULES = {
-    "sqlite": "sqlalchemy_tickets.dialects.sqlite",
-    "postgresql": "sqlalchemy_tickets.dialects.postgresql",
-    "mysql": "sqlalchemy_tickets.dialects.mysql",
-    "mariadb": "sqlalchemy_tickets.dialects.mysql",
-}
-_registry: dict[str, TicketBackend] = {}
-_registry_lock = threading.Lock()
-
-
-def register_backend(*names: str) -> Any:
-    """Class decorator: register a :class:`TicketBackend` subclass for these dialect names."""
-
-    def decorate(cls: type[TicketBackend]) -> type[TicketBackend]:
-        instance = cls()
-        with _registry_lock:
-            for name in names:
-                _registry[name] = instance
-        return cls
-
-    return decorate
+from ._core import BackendConnections
+from ._core import driver_installed as driver_installed
+from ._core import transport_fd as transport_fd
+from ._types import _INDEX, _STAND_IN
+from ._types import MANY as MANY
+from ._types import ConnectParams as ConnectParams
+from ._types import Identity as Identity
+from ._types import RawStatement as RawStatement
+from ._types import TableInfo as TableInfo
+from ._types import run as run
 
 
-def loaded_backends() -> list[TicketBackend]:
-    """The backends imported so far (one instance each, whatever its number of names)."""
-    with _registry_lock:
-        return list({id(b): b for b in _registry.values()}.values())
-
-
-def every_backend() -> list[TicketBackend]:
-    """Every backend, importing the modules not loaded yet (none imports a driver): to classify
-    an error whose dialect is not known, as ``is_retryable`` must."""
-    for module in set(_MODULES.values()):
-        importlib.import_module(module)
-    return loaded_backends()
-
-
-def backend_for(dialect_name: str) -> TicketBackend:
-    """The backend for a SQLAlchemy dialect name (``"postgresql"``, ``"mysql"``, ...)."""
-    backend = _registry.get(dialect_name)
-    if backend is None:
-        module = _MODULES.get(dialect_name)
-        if module is None:
-            supported = ", ".join(sorted(_MODULES))
-            raise TicketsError(
-                f"no ticket backend for the {dialect_name!r} dialect; supported: {supported}"
-            )
-        importlib.import_module(module)
-        backend = _registry[dialect_name]
-    return backend
-
-
-@functools.cache
-def driver_installed(backend: str, driver: str, *, greenlet: bool = False) -> bool:
-    """Whether SQLAlchemy's ``backend+driver`` dialect can import its driver (``greenlet``: and
-    greenlet, which an asyncio driver used synchronously needs too)."""
-    try:
-        dialect = sa.dialects.registry.load(f"{backend}.{driver}")
-        dialect.import_dbapi()
-        if greenlet:
-            importlib.import_module("greenlet")
-    except Exception:  # ImportError, or a driver that fails its own import (no libpq)
-        return False
-    return True
-
-
-def transport_fd(transport: Any) -> int | None:
-    """The socket descriptor under an asyncio transport (``None`` without one, or once closed)."""
-    if transport is None:
-        return None
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return None
-    fd = int(sock.fileno())
-    return fd if fd >= 0 else None
-
-
-#: The table name statements are compiled for, then swapped for each table's (see
-#: :meth:`RawStatement.renamed`): a plain identifier no dialect quotes, found nowhere else.
-_STAND_IN = "tickets__sqlalchemy_tickets_stand_in"
-
-#: The index a compiled row read carries in place of each table's (see ``describe_many``).
-_INDEX = 2147480001
-
-#: Tables per statement where a statement reads many (a ``UNION ALL``, an ``IN`` list).
-MANY = 200
-
-
-def run(cursor: Any, statement: sa.sql.ClauseElement, dialect: Dialect) -> Any:
-    """Compile ``statement`` for ``dialect`` and run it on a DBAPI cursor (for statements made
-    for one call; those run often are compiled once, as a :class:`RawStatement`)."""
-    # Expanding IN lists become one parameter per value here, as the driver needs them.
-    compiled: Any = statement.compile(dialect=dialect, compile_kwargs={"render_postcompile": True})
-    params = compiled.params
-    if compiled.positional:
-        cursor.execute(compiled.string, tuple(params[name] for name in compiled.positiontup))
-    else:
-        cursor.execute(compiled.string, params)
-    return cursor
-
-
-class RawStatement:
-    """A Core statement compiled once for one dialect, runnable on a bare DBAPI cursor."""
-
-    __slots__ = ("sql", "_positional", "_defaults")
-
-    def __init__(self, statement: sa.sql.ClauseElement, dialect: Dialect) -> None:
-        compiled: Any = statement.compile(dialect=dialect)
-        self.sql: str = compiled.string
-        self._positional: Sequence[str] | None = (
-            list(compiled.positiontup) if compiled.positional and compiled.positiontup else None
-        )
-        self._defaults = dict(compiled.params)
-
-    def params(self, **values: Any) -> Sequence[Any] | Mapping[str, Any]:
-        """The parameters in the form the driver's paramstyle wants."""
-        merged = {**self._defaults, **values}
-        if self._positional is not None:
-            return tuple(merged[name] for name in self._positional)
-        return merged
-
-    def execute(self, cursor: Any, **values: Any) -> Any:
-        cursor.execute(self.sql, self.params(**values))
-        return cursor
-
-    def renamed(self, old: str, new: str, dialect: Dialect) -> RawStatement:
-        """This statement on the table ``new`` instead of ``old``: its quoted name in the SQL
-        and in the parameters' values swapped (compiling a statement per table would cost a
-        few milliseconds for each of thousands of sequences)."""
-        quote = dialect.identifier_preparer.quote
-        twin = object.__new__(RawStatement)
-        twin.sql = self.sql.replace(quote(old), quote(new))
-        twin._positional = self._positional
-        twin._defaults = {k: new if v == old else v for k, v in self._defaults.items()}
-        return twin
-
-
-@dataclass(frozen=True)
-class ConnectParams:
-    """DBAPI connect keyword arguments the library adds to its own connections.
-
-    ``defaults`` apply where neither the URL, ``connect_args`` nor a ``do_connect`` hook set the
-    key (the application's choice wins: ``prepare_threshold``, ``application_name``);
-    ``forced`` always apply (the timeouts that make a hung server an error).
-    """
-
-    defaults: dict[str, Any] = field(default_factory=dict)
-    forced: dict[str, Any] = field(default_factory=dict)
-
-    def apply_defaults(self, cparams: dict[str, Any]) -> None:
-        for key, value in self.defaults.items():
-            cparams.setdefault(key, value)
-
-    def apply_forced(self, cparams: dict[str, Any]) -> None:
-        cparams.update(self.forced)
-
-
-@dataclass(frozen=True)
-class TableInfo:
-    """The stride of a ticket table and the last id it issued (``None``: nothing issued yet)."""
-
-    increment: int
-    offset: int
-    last_id: int | None
-
-
-@dataclass(frozen=True)
-class Identity:
-    """What a ticket table is, as far as a restore or a failover can change it.
-
-    ``lineage`` is what a failover keeps (PostgreSQL's ``system_identifier``), ``era`` what it
-    moves (PostgreSQL's timeline; MySQL/MariaDB's ``@@server_id``), ``table`` what a restore
-    changes (PostgreSQL's table OID, MySQL/MariaDB's table creation time, SQLite's root page).
-    ``synchronous``: every commit on this database waited for a standby, so a failover to it
-    lost no issued block.
-    """
-
-    lineage: str
-    era: str
-    table: str
-    synchronous: bool = False
-    #: What the backend's take compares to be sure it still writes this table (see
-    #: :meth:`TicketBackend.identity_guards`); not recorded.
-    guard: tuple[Any, ...] = field(default=(), compare=False)
-
-    @property
-    def stamp(self) -> str:
-        """The identity as recorded in the stamp table (``synchronous`` apart)."""
-        return f"{self.lineage}|{self.era}|{self.table}"
-
-    @classmethod
-    def from_stamp(cls, stamp: str, synchronous: bool) -> Identity:
-        lineage, _, rest = stamp.partition("|")
-        era, _, table = rest.partition("|")
-        return cls(lineage, era, table, synchronous)
-
-    def same(self, other: Identity) -> bool:
-        return self.stamp == other.stamp
-
-    def promoted_from(self, other: Identity) -> bool:
-        """Whether this is ``other`` after a failover to a synchronous standby: the same
-        database and table, a new era, and ``other`` waited for its standby on every commit."""
-        return (
-            other.synchronous
-            and self.lineage == other.lineage
-            and self.table == other.table
-            and self.era != other.era
-        )
-
-    def __str__(self) -> str:
-        return self.stamp
-
-
-class TicketBackend:
+class TicketBackend(BackendConnections):
     """The SQL and driver knowledge of one backend. Subclasses live in this package, one per module.
 
     Statements compiled for a table are cached on the backend per (dialect, table); the caches are
@@ -255,197 +47,6 @@ class TicketBackend:
     #: handler) lets busy threads starve a writer past its timeout.
     queue_local_writers: ClassVar[bool] = False
 
-    # -- the library's own connections (dialects/_connect.py runs them) -------------------
-
-    #: The synchronous drivers the library's own connections can use (their round trips can be
-    #: bounded: see :meth:`own_connect_params` and :meth:`socket_fd`), preferred first.
-    sync_drivers: ClassVar[tuple[str, ...]] = ()
-
-    #: asyncio drivers the library's own connections may use synchronously (``_driven.py``)
-    #: where none of :attr:`sync_drivers` is installed.
-    drivable: ClassVar[frozenset[str]] = frozenset()
-
-    #: The extra of ``sqlalchemy-tickets`` that installs this backend's preferred driver.
-    extra: ClassVar[str] = ""
-
-    #: What ``pip install`` takes for each driver, where it is not the driver's own name.
-    driver_packages: ClassVar[Mapping[str, str]] = {}
-
-    def own_connect_params(self, driver: str, timeout: float) -> ConnectParams:
-        """What the library adds to the DBAPI connect arguments of its own connections on
-        ``driver``: defaults (the application's settings win) and forced settings (the
-        timeouts). Nothing may rely on session state: PgBouncer hands each transaction to
-        whichever server connection is free."""
-        return ConnectParams()
-
-    def own_engine_options(self, url: URL) -> dict[str, Any]:
-        """``create_engine`` options for the library's own engine on ``url``: pool class,
-        dialect options (without ``poolclass``: a ``QueuePool`` sized by the caller)."""
-        return {}
-
-    def settle_own_connection(self, dbapi_connection: Any) -> None:
-        """Adjust a connection an application's own ``creator`` made, which the library's
-        connect arguments never reached (psycopg: no server-side prepared statements)."""
-
-    def sync_url(self, url: URL, is_async: bool | None = None) -> URL:
-        """``url`` on a driver the library's own connections can use: ticket round trips run
-        on their own threads and connections, never on an event loop, and are bounded.
-
-        ``url`` itself when it names one of :attr:`sync_drivers` (not checked for being
-        installed here: connecting says so, see :meth:`missing_driver`). Otherwise (an asyncio
-        driver, or one whose round trips cannot be bounded) the same database on the first of
-        :attr:`sync_drivers` that is installed, else on the asyncio driver itself, driven
-        synchronously, where it is :attr:`drivable` and installed.
-
-        ``is_async`` says whether the engine ``url`` comes from is an asyncio one (psycopg's
-        URLs name both); ``None``: as the URL's dialect says.
-
-        Raises:
-            DriverNotInstalledError: nothing installed fits; the message names the extra.
-        """
-        driver = url.get_driver_name()
-        try:
-            dialect = url.get_dialect()
-        except Exception:  # an unknown driver: create_engine says so in its own words
-            return url
-        if is_async is None:
-            is_async = bool(dialect.is_async)
-        if driver in self.sync_drivers and not is_async:
-            return url
-        backend = url.get_backend_name()
-        for candidate in self.sync_drivers:
-            if driver_installed(backend, candidate):
-                return url.set(drivername=f"{backend}+{candidate}")
-        # Its own asyncio driver first: its URL's query is written for it.
-        for candidate in sorted(self.drivable, key=lambda name: name != driver):
-            if driver_installed(backend, candidate, greenlet=True):
-                return url.set(drivername=f"{backend}+{candidate}")
-        kind = "an asyncio driver" if is_async else "a driver whose round trips it cannot bound"
-        raise DriverNotInstalledError(
-            f"{url.render_as_string()}: the library's own connections need a synchronous "
-            f"driver of {backend} ({', '.join(self.sync_drivers)}), since {driver} is {kind}, "
-            f"and none is installed: {self.install_hint()}"
-        )
-
-    def install_hint(self, driver: str | None = None) -> str:
-        """How to install ``driver`` (default: this backend's preferred driver)."""
-        extra = f"pip install 'sqlalchemy-tickets[{self.extra}]'" if self.extra else ""
-        if driver is None or (self.sync_drivers and driver == self.sync_drivers[0]):
-            return extra
-        package = f"pip install {self.driver_packages.get(driver, driver)}"
-        return f"{package} (or {extra} for {self.sync_drivers[0]})" if extra else package
-
-    def missing_driver(self, url: URL, error: ImportError) -> DriverNotInstalledError:
-        """The error for an engine on ``url`` whose driver cannot be imported."""
-        return DriverNotInstalledError(
-            f"{url.render_as_string()}: the {url.get_driver_name()} driver is not installed "
-            f"({error}): {self.install_hint(url.get_driver_name())}"
-        )
-
-    def embedded_url(self, app_url: URL) -> URL:
-        """Where the embedded default keeps the ticket tables of an application database."""
-        return app_url
-
-    def embedded_attach(
-        self, alias: str
-    ) -> tuple[list[sa.sql.Executable], list[sa.sql.Executable]] | None:
-        """Where the embedded default keeps an application database's ticket tables in
-        another database (:meth:`embedded_url`): the statements that attach it, as the schema
-        ``alias``, to a connection of the application's database, and those that detach it —
-        the same online and in a ``--sql`` script. ``None``: they are in the application's
-        own database."""
-        return None
-
-    def is_attached(self, connection: sa.Connection, alias: str) -> bool:
-        """Whether :meth:`embedded_attach` attached ``alias`` to ``connection`` already."""
-        return False
-
-    def embedded_tables(self, connection: sa.Connection, names: Sequence[str]) -> set[str] | None:
-        """Those of ``names`` that are tables where the embedded default keeps the ticket
-        tables of the application database ``connection`` is on, when that is another
-        database (:meth:`embedded_attach`), read without creating it; ``None``: it is that
-        database itself."""
-        return None
-
-    def seen_apart(self, app_url: URL) -> bool:
-        """Whether a connection of the library's own to the application's database sees what
-        the application's connections see (not an in-memory SQLite database: each connection
-        has its own)."""
-        return True
-
-    def database_key(self, url: URL) -> Hashable:
-        """What tells databases of this backend apart: two URLs with the same key name the
-        same database, whatever their drivers, users or options."""
-        return (url.host or "localhost", url.port, url.database)
-
-    def missing_database(self, url: URL) -> str | None:
-        """Why ``url`` names a database that does not exist, if that can be told without
-        connecting (``None``: it exists, or only a connection can tell). Read-only tools check
-        it first, so that looking does not create a database (a SQLite file) as a side effect."""
-        return None
-
-    #: The drivers :func:`~sqlalchemy_tickets.apply_timeouts` can bound: synchronous ones, then
-    #: asyncio ones.
-    timeout_drivers: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = ((), ())
-
-    def check_timeouts(self, dialect: Dialect) -> None:
-        """Refuse, with a :class:`TicketsError` naming the drivers that can be, an application
-        engine on ``dialect`` whose round trips cannot be bounded."""
-        sync, asyncio = self.timeout_drivers
-        if dialect.driver in (asyncio if dialect.is_async else sync):
-            return
-        supported = "; ".join(
-            f"{kind} {', '.join(drivers)}"
-            for kind, drivers in (("synchronous:", sync), ("asyncio:", asyncio))
-            if drivers
-        )
-        if dialect.is_async:
-            why = (
-                f"timeouts are not supported for the asyncio driver {dialect.name}+"
-                f"{dialect.driver}: the library does not know where its connections keep their "
-                "socket, so a hung round trip could not be cut short"
-            )
-        else:
-            why = (
-                f"timeouts are not supported for {dialect.name}+{dialect.driver}: the library "
-                "knows neither a read timeout of that driver nor where its connections keep "
-                "their socket, so a hung round trip could not be cut short"
-            )
-        raise TicketsError(f"{why} (supported for {dialect.name}: {supported or 'none'})")
-
-    def connect_with_timeout(
-        self, dialect: Dialect, cargs: Any, cparams: dict[str, Any], seconds: float
-    ) -> Any:
-        """For an application engine: add the driver's own timeouts to ``cparams``, or return a
-        DBAPI connection whose round trips are bounded (``None``: connect as usual)."""
-        self.check_timeouts(dialect)
-        raise NotImplementedError
-
-    def socket_fd(self, dbapi_connection: Any) -> int | None:
-        """The socket under a DBAPI connection (or an asyncio driver's connection), so a
-        watchdog can cut a hung round trip short."""
-        return None
-
-    def async_connect_timeout(
-        self, dialect: Dialect, cparams: dict[str, Any], seconds: float
-    ) -> Callable[..., Awaitable[Any]] | None:
-        """For an application engine on an asyncio driver: add the driver's own connect
-        timeout to ``cparams`` and return the driver's connect coroutine function, which the
-        caller bounds as a whole; after connecting, each round trip is bounded by shutting down
-        :meth:`socket_fd`. ``None``: nothing more to bound (a file has no network).
-
-        Raises :class:`TicketsError` naming the driver and why when it cannot be bounded.
-        """
-        self.check_timeouts(dialect)
-        raise NotImplementedError
-
-    def connect_timeout_error(self, dbapi: Any, message: str) -> Exception:
-        """The DBAPI error a connect that outlived its bound raises (a connection error, so
-        SQLAlchemy wraps it and :func:`~sqlalchemy_tickets.is_retryable` retries it)."""
-        error: Exception = dbapi.OperationalError(message)
-        return error
-
-    # -- tables --------------------------------------------------------------------------
 
     def table(self, spec: TableSpec, metadata: sa.MetaData | None = None) -> sa.Table:
         """The Core ``Table`` of a ticket table (its DDL is what ``create`` emits)."""
@@ -620,82 +221,7 @@ class TicketBackend:
         connection.execute(self.insert_seed(t, {"name": table.name, **values}))
         connection.execute(sa.update(t).where(t.c.name == table.name).values(**values))
 
-    # -- datacenter tiers ----------------------------------------------------------------
-
-    def tier_tables(
-        self, names: TierTables, metadata: sa.MetaData | None = None
-    ) -> tuple[sa.Table, sa.Table]:
-        """The Core tables of a datacenter tier (``_schema.tier_tables``)."""
-        return _schema.tier_tables(self, names, metadata)
-
-    def tier_table_options(self) -> dict[str, Any]:
-        """Dialect options of a datacenter tier's tables (MySQL: a transactional engine)."""
-        return {}
-
-    def tier_statements(self, names: TierTables) -> list[sa.sql.Executable]:
-        """DDL creating a datacenter tier's tables (``_schema.tier_statements``)."""
-        return _schema.tier_statements(self, names)
-
-    def drop_tier_statements(
-        self, names: TierTables, *, stamps: bool = True
-    ) -> list[sa.sql.Executable]:
-        """DDL dropping a datacenter tier's tables (``_schema.drop_tier_statements``)."""
-        return _schema.drop_tier_statements(self, names, stamps=stamps)
-
-    def missing_columns(
-        self, connection: sa.Connection, table: sa.Table
-    ) -> list[tuple[str, sa.sql.Executable]]:
-        """``(name, ALTER TABLE ... ADD COLUMN)`` for each column of ``table`` its database
-        lacks (a datacenter tier's tables made by an older release)."""
-        present = {c["name"] for c in sa.inspect(connection).get_columns(table.name)}
-        quoted = connection.dialect.identifier_preparer.format_table(table)
-        return [
-            (column.name, sa.text(
-                f"ALTER TABLE {quoted} ADD COLUMN "
-                f"{sa.schema.CreateColumn(column).compile(dialect=connection.dialect)}"
-            ))
-            for column in table.columns
-            if column.name not in present
-        ]
-
-    def least(self, a: Any, b: Any) -> sa.ColumnElement[int]:
-        """The smaller of two integer expressions."""
-        return sa.func.least(a, b, type_=sa.BigInteger)
-
-    def tier_take(
-        self,
-        connection: sa.Connection,
-        state: sa.Table,
-        guards: Sequence[sa.ColumnElement[Any]],
-        values: Mapping[str, Any],
-    ) -> Any:
-        """Take up to ``values["k_count"]`` ids from the head range of the state row of
-        ``values["k_name"]``/``values["k_bits"]`` in **one statement** (autocommit: the row's lock
-        is held for that statement alone), where ``guards`` equal ``values["guard<i>"]``.
-
-        Returns a row with ``first``, ``taken``, ``step`` (the block), ``stock``, ``rate``,
-        ``rate_at``, ``exhausted`` and ``now_ms``; ``None`` when no row moved (no state row,
-        an empty head, or the guards differ: the caller looks why)."""
-        raise NotImplementedError
-
-    def tier_take_where(
-        self, state: sa.Table, guards: Sequence[sa.ColumnElement[Any]]
-    ) -> list[sa.ColumnElement[bool]]:
-        """The conditions of :meth:`tier_take`: this sequence, a head with ids, the guards."""
-        return [
-            state.c.sequence_name == sa.bindparam("k_name", type_=state.c.sequence_name.type),
-            state.c.bits == sa.bindparam("k_bits", type_=sa.SmallInteger),
-            state.c.head_first <= state.c.head_last,
-            *(g == sa.bindparam(f"guard{i}", type_=g.type) for i, g in enumerate(guards)),
-        ]
-
-    def tier_taken(self, state: sa.Table) -> sa.ColumnElement[int]:
-        """How many ids a take of ``:count`` hands out of the head: all it asks, or the rest."""
-        c = state.c
-        return self.least(
-            sa.bindparam("k_count", type_=sa.BigInteger),
-            (c.head_last - c.head_first) // c.head_step + 1,
-        )
+    # -- datacenter tiers: see _tier_sql.TierSQL
 
     @contextmanager
     def transaction(self, connection: sa.Connection, timeout: float) -> Iterator[None]:
@@ -816,7 +342,84 @@ class TicketBackend:
         """Whether a DBAPI error says the role may not do this (create a table, say)."""
         return False
 
-    # -- many tables at once (first contact of thousands of sequences) -------------------
+    # -- statement cache -----------------------------------------------------------------
+
+
+    def tier_tables(
+        self, names: TierTables, metadata: sa.MetaData | None = None
+    ) -> tuple[sa.Table, sa.Table]:
+        """The Core tables of a datacenter tier (``_schema.tier_tables``)."""
+        return _schema.tier_tables(self, names, metadata)
+
+    def tier_table_options(self) -> dict[str, Any]:
+        """Dialect options of a datacenter tier's tables (MySQL: a transactional engine)."""
+        return {}
+
+    def tier_statements(self, names: TierTables) -> list[sa.sql.Executable]:
+        """DDL creating a datacenter tier's tables (``_schema.tier_statements``)."""
+        return _schema.tier_statements(self, names)
+
+    def drop_tier_statements(
+        self, names: TierTables, *, stamps: bool = True
+    ) -> list[sa.sql.Executable]:
+        """DDL dropping a datacenter tier's tables (``_schema.drop_tier_statements``)."""
+        return _schema.drop_tier_statements(self, names, stamps=stamps)
+
+    def missing_columns(
+        self, connection: sa.Connection, table: sa.Table
+    ) -> list[tuple[str, sa.sql.Executable]]:
+        """``(name, ALTER TABLE ... ADD COLUMN)`` for each column of ``table`` its database
+        lacks (a datacenter tier's tables made by an older release)."""
+        present = {c["name"] for c in sa.inspect(connection).get_columns(table.name)}
+        quoted = connection.dialect.identifier_preparer.format_table(table)
+        return [
+            (column.name, sa.text(
+                f"ALTER TABLE {quoted} ADD COLUMN "
+                f"{sa.schema.CreateColumn(column).compile(dialect=connection.dialect)}"
+            ))
+            for column in table.columns
+            if column.name not in present
+        ]
+
+    def least(self, a: Any, b: Any) -> sa.ColumnElement[int]:
+        """The smaller of two integer expressions."""
+        return sa.func.least(a, b, type_=sa.BigInteger)
+
+    def tier_take(
+        self,
+        connection: sa.Connection,
+        state: sa.Table,
+        guards: Sequence[sa.ColumnElement[Any]],
+        values: Mapping[str, Any],
+    ) -> Any:
+        """Take up to ``values["k_count"]`` ids from the head range of the state row of
+        ``values["k_name"]``/``values["k_bits"]`` in **one statement** (autocommit: the row's lock
+        is held for that statement alone), where ``guards`` equal ``values["guard<i>"]``.
+
+        Returns a row with ``first``, ``taken``, ``step`` (the block), ``stock``, ``rate``,
+        ``rate_at``, ``exhausted`` and ``now_ms``; ``None`` when no row moved (no state row,
+        an empty head, or the guards differ: the caller looks why)."""
+        raise NotImplementedError
+
+    def tier_take_where(
+        self, state: sa.Table, guards: Sequence[sa.ColumnElement[Any]]
+    ) -> list[sa.ColumnElement[bool]]:
+        """The conditions of :meth:`tier_take`: this sequence, a head with ids, the guards."""
+        return [
+            state.c.sequence_name == sa.bindparam("k_name", type_=state.c.sequence_name.type),
+            state.c.bits == sa.bindparam("k_bits", type_=sa.SmallInteger),
+            state.c.head_first <= state.c.head_last,
+            *(g == sa.bindparam(f"guard{i}", type_=g.type) for i, g in enumerate(guards)),
+        ]
+
+    def tier_taken(self, state: sa.Table) -> sa.ColumnElement[int]:
+        """How many ids a take of ``:count`` hands out of the head: all it asks, or the rest."""
+        c = state.c
+        return self.least(
+            sa.bindparam("k_count", type_=sa.BigInteger),
+            (c.head_last - c.head_first) // c.head_step + 1,
+        )
+
 
     def describe_many(
         self, cursor: Any, dialect: Dialect, tables: Sequence[TicketTable]
@@ -936,8 +539,6 @@ class TicketBackend:
     def cluster(self, cursor: Any) -> str | None:
         """The id of the multi-writer cluster this database is a node of (``None``: none)."""
         return None
-
-    # -- statement cache -----------------------------------------------------------------
 
     def __init__(self) -> None:
         self._statements: dict[tuple[str, str, str, TicketTable, str], RawStatement] = {}

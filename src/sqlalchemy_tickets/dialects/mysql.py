@@ -29,6 +29,7 @@ from sqlalchemy.engine import Dialect
 from .._naming import TicketTable
 from ..errors import StrideMismatchError, TicketServerUnavailable
 from ._clock import db_now_ms
+from ._registry import register_backend
 from .base import (
     MANY,
     ConnectParams,
@@ -37,7 +38,6 @@ from .base import (
     TableSpec,
     TicketBackend,
     advance,
-    register_backend,
     run,
     transport_fd,
 )

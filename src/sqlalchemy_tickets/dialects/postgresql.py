@@ -23,6 +23,7 @@ from sqlalchemy.engine import URL, Dialect
 
 from .._naming import TicketTable
 from ._connect import bounded_call
+from ._registry import register_backend
 from .base import (
     MANY,
     ConnectParams,
@@ -30,7 +31,6 @@ from .base import (
     ReturningBackend,
     advance,
     lock_key,
-    register_backend,
     run,
     transport_fd,
 )

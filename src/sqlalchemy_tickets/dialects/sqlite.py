@@ -21,7 +21,8 @@ from sqlalchemy.pool import StaticPool
 
 from .._naming import TicketTable
 from ..errors import TicketsError
-from .base import MANY, ConnectParams, Identity, ReturningBackend, register_backend
+from ._registry import register_backend
+from .base import MANY, ConnectParams, Identity, ReturningBackend
 
 EMBEDDED_SUFFIX = "-tickets"
 
