@@ -103,10 +103,10 @@ def rounds(args: argparse.Namespace, full: int) -> int:
 
 # -- databases ---------------------------------------------------------------------------------
 @contextlib.contextmanager
-def throwaway_database(backend: str) -> Iterator[URL]:
+def throwaway_database(backend: str, server: str | None = None) -> Iterator[URL]:
     """A new empty database ``tickets_bench_<hex>``, dropped afterwards whatever happens: SQLite,
-    a file in a new temporary directory; servers, ``CREATE DATABASE`` on the server
-    ``$TICKETS_BENCH_<BACKEND>_URL`` names, then ``DROP DATABASE`` (PostgreSQL ``WITH (FORCE)``:
+    a file in a new temporary directory; servers, ``CREATE DATABASE`` on ``server``, else the
+    one ``$TICKETS_BENCH_<BACKEND>_URL`` names, then ``DROP DATABASE`` (PostgreSQL ``WITH (FORCE)``:
     a connection a failed run left must not keep it)."""
     name = f"tickets_bench_{uuid.uuid4().hex[:12]}"
     log(f"[{backend}] a throwaway database, {name}")
@@ -114,15 +114,15 @@ def throwaway_database(backend: str) -> Iterator[URL]:
         with tempfile.TemporaryDirectory(prefix="tickets_bench_", ignore_cleanup_errors=True) as d:
             yield URL.create("sqlite", database=os.path.join(d, f"{name}.db"))
         return
-    server = make_url(os.environ.get(*SERVERS[backend]))
-    admin = sa.create_engine(server, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    server_url = make_url(server or os.environ.get(*SERVERS[backend]))
+    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
     quoted = admin.dialect.identifier_preparer.quote(name)
     force = " WITH (FORCE)" if backend == "postgresql" else ""
     with admin.connect() as conn:  # NullPool: no connection outlives its block
         conn.exec_driver_sql(f"CREATE DATABASE {quoted}")
         SERVERS_SEEN[backend] = [str(x) for x in conn.exec_driver_sql(SETTINGS[backend]).one()]
     try:
-        yield server.set(database=name)
+        yield server_url.set(database=name)
     finally:
         with admin.connect() as conn:
             conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {quoted}{force}")

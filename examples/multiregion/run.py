@@ -70,13 +70,13 @@ REPO = Path(__file__).resolve().parents[2]
 #: Where the figures go by default, beside the benchmarks' (the docs serve the plots from there).
 RESULTS = REPO / "benchmarks" / "results"
 # The harness comes from the repository, so that there is one of each: the test suite's fault
-# proxy (tests/support/proxy.py) and the benchmarks' throwaway databases (benchmarks/_common.py).
+# proxy (tests/support/proxy.py) and the benchmarks' throwaway databases (benchmarks/_harness.py).
 # Appended, not prepended: nothing installed is shadowed by them.
 for _harness in (REPO / "tests", REPO / "benchmarks"):
     if str(_harness) not in sys.path:
         sys.path.append(str(_harness))
 
-from _common import throwaway_database  # noqa: E402
+from _harness import throwaway_database  # noqa: E402
 
 from support.proxy import TcpProxy  # noqa: E402
 
@@ -318,8 +318,11 @@ def prepare_datacenter(url: str) -> None:
         Base.metadata.drop_all(engine)
         Base.metadata.create_all(engine)
         with engine.begin() as conn:
-            for statement in drop_datacenter_table_statements(dialect=engine.dialect.name):
-                conn.execute(statement)
+            # The library's stamp table is made with a tier's tables: without it, no earlier
+            # run's tier is there (and the drop's statements would not find it).
+            if sa.inspect(conn).has_table("tickets_stamps"):
+                for statement in drop_datacenter_table_statements(dialect=engine.dialect.name):
+                    conn.execute(statement)
     finally:
         engine.dispose()
     # Made up front (they would be made on first use, race-free): the workers start at once.
@@ -724,7 +727,7 @@ def databases(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     with contextlib.ExitStack() as stack:
 
         def fresh(backend: str, server: str) -> str:
-            url = stack.enter_context(throwaway_database(backend, server, prefix="tickets_mr_"))
+            url = stack.enter_context(throwaway_database(backend, server))
             return url.render_as_string(hide_password=False)
 
         urls: dict[str, Any] = {

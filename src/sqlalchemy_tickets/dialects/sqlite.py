@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os.path
 import sqlite3
+import threading
 from collections.abc import Awaitable, Callable, Hashable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -25,6 +26,45 @@ from ._registry import register_backend
 from .base import MANY, ConnectParams, Identity, ReturningBackend
 
 EMBEDDED_SUFFIX = "-tickets"
+
+
+class _OneThreadAtATime(StaticPool):
+    """The one connection of an in-memory database, checked out by one thread at a time.
+
+    The library's refill threads (one per sequence) would otherwise use it together: a
+    statement of one failing invalidates, and closes, the connection under another's running
+    statement, which crashes the sqlite3 module. A thread may check it out again while it
+    holds it; every holder's round trip is bounded by its timeout.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._turn = threading.Condition()
+        self._holder: int | None = None
+        self._depth = 0
+
+    def _do_get(self) -> Any:
+        me = threading.get_ident()
+        with self._turn:
+            while self._depth and self._holder != me:
+                self._turn.wait()
+            self._holder, self._depth = me, self._depth + 1
+        try:
+            return super()._do_get()
+        except BaseException:
+            self._release()
+            raise
+
+    def _do_return_conn(self, record: Any) -> None:
+        super()._do_return_conn(record)
+        self._release()
+
+    def _release(self) -> None:
+        with self._turn:
+            self._depth -= 1
+            if not self._depth:
+                self._holder = None
+                self._turn.notify()
 
 
 def _is_memory(url: URL) -> bool:
@@ -72,7 +112,7 @@ class SQLiteBackend(ReturningBackend):
             )
         if _is_memory(url):
             # One shared connection, or every checkout would see a different empty database.
-            return {"poolclass": StaticPool}
+            return {"poolclass": _OneThreadAtATime}
         return {}
 
     def embedded_url(self, app_url: URL) -> URL:

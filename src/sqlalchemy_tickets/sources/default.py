@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine
 
+from ..dialects._connect import close_before_collected
 from ..errors import TicketsError
 from . import _urls
 from .base import TicketSource
@@ -49,6 +50,12 @@ class _Embedded:
         self.cache.close()
         self.cache.source.close()  # type: ignore[attr-defined]
 
+    def close_in_owner(self) -> None:
+        """:meth:`close`, in the process that made it only (a forked child's copy dropped the
+        parent's ids already; its connections are the parent's)."""
+        if self.pid == os.getpid():
+            self.close()
+
 
 def _on_engine_disposed(app_engine: Engine) -> None:
     with _lock:
@@ -57,15 +64,6 @@ def _on_engine_disposed(app_engine: Engine) -> None:
             return
         del _embedded[app_engine]
     found.close()
-
-
-def _on_engine_collected(found: _Embedded) -> None:
-    # Run by the collector, possibly inside library code holding a lock the close needs:
-    # closed from a thread of its own, which ends with the close.
-    if found.pid == os.getpid():
-        threading.Thread(
-            target=found.close, name="sqlalchemy-tickets-close", daemon=True
-        ).start()
 
 
 def configure(source: TicketSource | str | URL | None) -> None:
@@ -146,8 +144,8 @@ def embedded_source(app_engine: Engine) -> CachedSource:
             # First: the ids are given back on the connections still open, before the
             # library's pool on that database is closed with the engine.
             event.listen(app_engine, "engine_disposed", _on_engine_disposed, insert=True)
-        # The process's exit closes what is still open (caches first, then servers).
-        weakref.finalize(app_engine, _on_engine_collected, found).atexit = False
+        # Its ids given back before the library's pool there closes with the engine.
+        close_before_collected(app_engine, found.close_in_owner)
     return found.cache
 
 
