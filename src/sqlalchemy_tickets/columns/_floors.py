@@ -29,7 +29,8 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 
 from ..dialects import backend_for
-from ..dialects._connect import OwnEngine, shared_engine
+from ..dialects._connect import OwnEngine
+from ..dialects._shared import shared_engine
 
 #: Seconds the read may take (one index lookup per column; the bound is for a database that
 #: does not answer at all).

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine
 
-from ..dialects._connect import close_before_collected
+from ..dialects._shared import close_before_collected
 from ..errors import TicketsError
 from . import _urls
 from .base import TicketSource

@@ -26,7 +26,8 @@ from .._naming import (
     ticket_table,
 )
 from ..dialects import TicketBackend
-from ..dialects._connect import Bind, OwnEngine, engine_of, shared_engine, sync_bind
+from ..dialects._connect import Bind, OwnEngine, engine_of, sync_bind
+from ..dialects._shared import shared_engine
 from ..dialects.base import Identity, TableInfo
 from ..errors import (
     ExhaustedError,
