@@ -6,8 +6,6 @@ from __future__ import annotations
 import io
 import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,6 +34,7 @@ from sqlalchemy_tickets.alembic import (
 )
 from sqlalchemy_tickets.errors import TicketsError
 from sqlalchemy_tickets.sources.datacenter import describe_datacenter
+from support import forked
 from support.alembic_tier import run_alembic, tier_project
 from support.tables import drop_ticket_tables_one_by_one
 
@@ -212,12 +211,10 @@ def test_flickr_pair_example_refuses_the_wrong_server(flickr_pair: tuple[Any, An
 
 
 def _offline_sql(example: str, **x: Any) -> str:
-    argv = [sys.executable, "-m", "alembic", "-c", str(EXAMPLES / example / "alembic.ini")]
+    argv = ["-c", str(EXAMPLES / example / "alembic.ini")]
     for key, value in x.items():
         argv += ["-x", f"{key}={value}"]
-    result = subprocess.run(
-        [*argv, "upgrade", "head", "--sql"], capture_output=True, text=True, timeout=120
-    )
+    result = forked.run_module("alembic", *argv, "upgrade", "head", "--sql")
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -732,10 +729,9 @@ def alembic_project(tmp_path: Path, models: str) -> Path:
 def alembic_cli(project: Path, *args: str, app: str, tickets: str = "") -> str:
     """``alembic`` in a process of its own (the models' ``configure()`` stays there)."""
     env = {**__import__("os").environ, "APP_URL": app, "TICKETS_URL": tickets}
-    result = subprocess.run(
-        [sys.executable, "-m", "alembic", "-c", str(project / "alembic.ini"),
-         "-x", f"url={app}", *args],
-        capture_output=True, text=True, timeout=300, env=env, check=False,
+    result = forked.run_module(
+        "alembic", "-c", str(project / "alembic.ini"), "-x", f"url={app}", *args,
+        env=env, timeout=300,
     )
     assert result.returncode == 0, result.stderr
     return result.stdout

@@ -27,6 +27,7 @@ import sqlalchemy as sa
 
 from sqlalchemy_tickets import DatacenterTier, TicketId, TicketServer, configure
 from sqlalchemy_tickets.sources.lease import create_lease_table
+from support import forked
 
 #: Alembic >= 1.18 loads the package's plugin by itself.
 PLUGINS = importlib.util.find_spec("alembic.runtime.plugins") is not None
@@ -54,19 +55,20 @@ if APP.startswith("sqlite"):
 '''
 
 
-def _alembic_command() -> list[str]:
-    script = Path(sys.executable).with_name("alembic")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "alembic"]
+def _alembic_command(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The ``alembic`` console script (else ``python -m alembic``) in a process of its own."""
+    if Path(sys.executable).with_name("alembic").exists():
+        return forked.run_script("alembic", *args, cwd=cwd, env=env)
+    return forked.run_module("alembic", *args, cwd=cwd, env=env)
 
 
 @pytest.fixture(scope="module")
 def initialized(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """What ``alembic init migrations`` writes, once for the module (each test copies it)."""
     where = tmp_path_factory.mktemp("alembic_init")
-    result = subprocess.run(
-        [*_alembic_command(), "init", "migrations"],
-        cwd=where, capture_output=True, text=True, timeout=120, check=False,
-    )
+    result = _alembic_command("init", "migrations", cwd=where)
     assert result.returncode == 0, result.stdout + result.stderr
     return where
 
@@ -100,11 +102,7 @@ def project(initialized: Path, tmp_path: Path) -> Callable[[str], Path]:
 def alembic(where: Path, *args: str, app: str) -> str:
     """The real ``alembic`` command in the project's directory; fails the test on an error.
     Returns what it printed, its log (stderr, as ``alembic init`` configures it) included."""
-    result = subprocess.run(
-        [*_alembic_command(), *args],
-        cwd=where, env={**os.environ, "APP_URL": app},
-        capture_output=True, text=True, timeout=120, check=False,
-    )
+    result = _alembic_command(*args, cwd=where, env={**os.environ, "APP_URL": app})
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout + result.stderr
 

@@ -42,6 +42,7 @@ from sqlalchemy_tickets.sources.datacenter import (
     datacenter_table_statements,
     drop_datacenter_table_statements,
 )
+from support import forked
 from support.alembic_tier import run_alembic, tier_project
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "migrations_examples"
@@ -82,13 +83,11 @@ def alembic(
     example: str, *args: str, x: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run the ``alembic`` command line on an example, from an unrelated working directory."""
-    argv = [sys.executable, "-m", "alembic", "-c", str(EXAMPLES / example / "alembic.ini")]
+    argv = ["-c", str(EXAMPLES / example / "alembic.ini")]
     for key, value in (x or {}).items():
         argv += ["-x", f"{key}={value}"]
     env = {**os.environ, "PYTHONWARNINGS": "error::DeprecationWarning:alembic"}
-    return subprocess.run(
-        argv + list(args), capture_output=True, text=True, cwd="/", env=env, timeout=120
-    )
+    return forked.run_module("alembic", *argv, *args, cwd="/", env=env)
 
 
 def offline(example: str, *args: str, **x: str) -> str:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
+
+from support import forked
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "migrations_examples"
 
@@ -76,11 +77,8 @@ def tier_project(root: Path, prefix: str | None = "tickets_dc") -> Path:
 def run_alembic(project: Path, *args: str, **x: str) -> subprocess.CompletedProcess[str]:
     """``alembic -c project/alembic.ini -x k=v ... args`` in a process of its own, from an
     unrelated working directory (never raises on failure: callers assert)."""
-    argv = [sys.executable, "-m", "alembic", "-c", str(project / "alembic.ini")]
+    argv = ["-c", str(project / "alembic.ini")]
     for key, value in x.items():
         argv += ["-x", f"{key}={value}"]
     env = {**os.environ, "PYTHONWARNINGS": "error::DeprecationWarning:alembic"}
-    return subprocess.run(
-        [*argv, *args], capture_output=True, text=True, cwd="/", env=env, timeout=300,
-        check=False,
-    )
+    return forked.run_module("alembic", *argv, *args, cwd="/", env=env, timeout=300)

@@ -1,4 +1,5 @@
-"""Running the ``sqlalchemy-tickets`` console script as a user runs it: a real process."""
+"""Running the ``sqlalchemy-tickets`` console script as a user runs it: a real process (forked
+from a process that imported the library once: :mod:`support.forked`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from support import forked
 
 SCRIPT = shutil.which("sqlalchemy-tickets", path=os.path.dirname(sys.executable))
 #: The environment of every run: no ``TICKETS_URL`` leaking in from the developer's shell.
@@ -18,8 +21,5 @@ def run(
 ) -> subprocess.CompletedProcess[str]:
     """``sqlalchemy-tickets *args``: its exit status and captured output (never raises on a
     non-zero status; the tests assert on it). ``env`` replaces :data:`ENV`."""
-    assert SCRIPT is not None, "the sqlalchemy-tickets console script is not installed"
-    return subprocess.run(
-        [SCRIPT, *args], capture_output=True, text=True, timeout=120, cwd=cwd,
-        env=ENV if env is None else env, check=False,
-    )
+    return forked.run_script("sqlalchemy-tickets", *args, cwd=cwd,
+                             env=ENV if env is None else env)
