@@ -6,10 +6,13 @@
 #                install the wheel without extras in a fresh venv and run tests/install/smoke.py there;
 #             3. the whole suite in .venv: the newest Python here and the newest releases of
 #                everything (target `suite`);
-#             4. the suite in .venv-lowest: the lowest Python and the lowest version of every
-#                dependency and extra that pyproject.toml declares (target `lowest`,
-#                tests/install/lowest.py), without the long scenarios marked `slow` (processes
-#                killed, servers restored, clusters, benchmark smoke runs), which 3 runs.
+#             4. in .venv-lowest, the lowest Python and the lowest version of every dependency
+#                and extra that pyproject.toml declares (target `lowest`, tests/install/lowest.py):
+#                the tests of what those versions decide (LOWEST_TESTS: the ORM and Core
+#                integration, Alembic, connections, drivers and timeouts, the compiled SQL, the
+#                unit, install and docs tests), without the long scenarios marked `slow`; the
+#                library's own logic above them (tiers, caches, the command line, faults) is
+#                the same on every version, and 3 runs it.
 #             3 runs as two processes, by test file (targets `suite-1`, `suite-2`: the second takes
 #             every file the first does not, new folders included); 3 and 4 run side by side
 #             (SUITE_JOBS=1 runs them one after the other): most of a run is spent waiting on
@@ -29,6 +32,11 @@ SUITE_JOBS ?= 3
 # The newest run's first half, by file; `suite-2` runs the rest.
 SUITE_1_FILES = $(sort $(wildcard tests/backend/test_[a-f]*.py))
 SUITE_RUNS = $(if $(strip $(PYTEST_ARGS)),suite,suite-1 suite-2)
+# What the lowest versions run (PYTEST_ARGS, when set, replaces it).
+LOWEST_TESTS = tests/unit tests/compile tests/install tests/docs $(addprefix tests/backend/test_,\
+	alembic.py alembic_plugin.py app_suites.py app_types.py cache.py connections.py \
+	create_tables.py drivers.py insert_forms.py least_privilege.py nothing_left_behind.py \
+	reaping.py sqlmodel.py ticket_id.py timeouts.py urls.py)
 export TICKETS_TEST_REQUIRE_ALL ?= 1
 # The suites start hundreds of interpreters (the command line, Alembic, worker processes): the
 # packages are compiled once when a venv is made (--compile-bytecode) and the project's own
@@ -102,7 +110,8 @@ $(LOWEST_VENV)/bin/activate: pyproject.toml | $(BIN)/activate driver-deps
 
 lowest: $(LOWEST_VENV)/bin/activate
 	$(LOWEST_VENV)/bin/python tests/install/lowest.py check $(LOWEST_VENV)/constraints.txt
-	$(LOWEST_VENV)/bin/pytest -o cache_dir=$(LOWEST_VENV)/.pytest_cache -m "not slow" $(PYTEST_ARGS)
+	$(LOWEST_VENV)/bin/pytest -o cache_dir=$(LOWEST_VENV)/.pytest_cache -m "not slow" \
+	  $(if $(strip $(PYTEST_ARGS)),$(PYTEST_ARGS),$(LOWEST_TESTS))
 
 # The PgBouncer tests start $TICKETS_PGBOUNCER, else /usr/sbin/pgbouncer: Debian's package provides it.
 pgbouncer:
