@@ -251,6 +251,7 @@ class TicketServer:
                 # Read before the take: a block taken concurrently may land first and be
                 # higher. (Give-backs and new floors, which move the mark otherwise, wait
                 # for the takes in flight.)
+                heals = self.guard.heals(table)  # before the mark: see guard.rewound
                 mark = self.marks.of(table)
                 high = mark.high
                 epoch = self.own.connections
@@ -266,7 +267,7 @@ class TicketServer:
                 # The block is burned; the sequence moves above the floor, or RewindError.
                 self.guard.rewound(known, f"it offered ids {block.start}..{block[-1]}, at or "
                                    f"below {high}, the highest id issued or known in use here",
-                                   high_seen=high)
+                                   high_seen=high, heals_seen=heals)
         raise TicketServerUnavailable(
             f"{table.label} on {self} kept offering ids already issued; try again"
         )
