@@ -14,21 +14,17 @@ would (the table itself unchanged), or the whole database restored from its dump
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import threading
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from sqlalchemy_tickets import TicketServer, TicketServerUnavailable
-from support.rewind import dump, restore
+from support.rewinding import assert_distinct, put_back, rewind_warnings, set_back, snapshot
 
 ALL = ("sqlite", "postgresql", "mysql")
 THREADS = 8
@@ -36,54 +32,6 @@ THREADS = 8
 #: row lose that race every run when the heal is not single-flight.
 REPEATS = 10
 MARGIN = 1_000
-
-
-def assert_distinct(ids: list[int]) -> None:
-    twice = sorted(i for i, n in Counter(ids).items() if n > 1)
-    assert not twice, f"{len(twice)} ids handed out twice, e.g. {twice[:10]}"
-
-
-def rewind_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [
-        r.getMessage()
-        for r in caplog.records
-        if r.name == "sqlalchemy_tickets"
-        and r.levelno == logging.WARNING
-        and "went back in time" in r.getMessage()
-    ]
-
-
-def snapshot(url: str, path: Path) -> Path:
-    """A backup: ``pg_dump``/``mariadb-dump``, or a copy of the SQLite file."""
-    database = make_url(url).database
-    if make_url(url).get_backend_name() == "sqlite":
-        assert database
-        shutil.copy(database, path)
-        return path
-    return dump(url, path)
-
-
-def put_back(url: str, path: Path) -> None:
-    """:func:`snapshot` restored in place (SQLite: the file replaced by a copy, a new inode)."""
-    database = make_url(url).database
-    if make_url(url).get_backend_name() == "sqlite":
-        assert database
-        staged = Path(f"{database}.restoring")
-        shutil.copy(path, staged)
-        os.replace(staged, database)
-        return
-    restore(url, path)
-
-
-def set_back(url: str, last: int, table: str = "tickets__photos") -> None:
-    """The ticket table's row set back to ``last``, as an owner restoring an older copy of
-    the row does (the table, and so its identity, unchanged)."""
-    engine = sa.create_engine(url, poolclass=NullPool)
-    try:
-        with engine.begin() as conn:
-            conn.execute(sa.text(f"UPDATE {table} SET id = :last"), {"last": last})
-    finally:
-        engine.dispose()
 
 
 def together(server: TicketServer, *, replaced_file: bool = False) -> list[int]:
