@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from sqlalchemy.engine import URL, Engine
 
 from .. import _process
+from .._commands import init_command
 from .._deprecation import deprecated_alias
 from .._naming import (
     DEFAULT_TABLE_TEMPLATE,
@@ -166,7 +167,7 @@ class TicketServer:
         self.db = TicketDatabase(self.own, lambda: repr(self))
         #: The identities recorded in the database (its stamp table).
         self.stamps = Stamps(self.own, create=self.create_missing, command=(
-            f"`sqlalchemy-tickets init --url {self.url.render_as_string(hide_password=True)}` "
+            f"`{init_command(self.url.render_as_string(hide_password=True))}` "
             "(or op.create_ticket_table() in a migration)"))
         self.guard = IdentityGuard(
             self.db, self.stamps, self.marks, policy=self.on_rewind, margin=self.rewind_margin,
