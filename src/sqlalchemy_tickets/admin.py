@@ -17,6 +17,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from ._commands import sync_command
 from ._naming import TicketTable, max_id, normalize_sequence, ticket_table
 from .dialects._connect import Bind, OwnEngine
 from .dialects.base import TableInfo, TableSpec, last_id_below
@@ -153,7 +154,8 @@ def sequence_status(
                 + (f", and behind the other servers, which issued up to {behind:,}"
                    if behind is not None else "")
                 + "; running processes move it above what they issued, new ones refuse until "
-                f"`sqlalchemy-tickets sync --above N` (N >= {above:,}, the highest id in use)"
+                f"`{sync_command(servers[i].url.render_as_string(), table.sequence, table.bits)}`"
+                f" (N >= {above:,}, the highest id in use)"
             )
         out.append(
             SequenceStatus(

@@ -61,6 +61,10 @@ class RewindError(TicketsError):
     running processes too.
     """
 
+    #: Whether a cache or a tier logged it at WARNING already: the layers it reaches above
+    #: (a cache over a tier, a cache over a cache) say it again at INFO, not WARNING.
+    logged: bool = False
+
 
 class DriverNotInstalledError(TicketsError):
     """The driver a database URL needs is not installed (the message says what to install):

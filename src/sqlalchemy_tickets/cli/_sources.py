@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any
 
+from .._commands import init_command
 from .._naming import max_id, normalize_sequence
 from ..admin import WARN_SHARE, SequenceStatus, ServerHealth, _forecast
 from ..errors import TicketsError, UnknownSequenceError
@@ -64,7 +65,7 @@ def status_rows(target: AdminTarget, sample: float) -> list[SequenceStatus]:
     found = target.sequences()
     if not found:
         raise TicketsError(f"no sequences on {_shown(target.url)}: create them with "
-                           f"`sqlalchemy-tickets init --url {_shown(target.url)} SEQUENCE ...`")
+                           f"`{init_command(_shown(target.url), 'SEQUENCE', '...')}`")
     first = {key: target.describe(key[0], bits=key[1]) for key in found}
     second = first
     if sample > 0:
@@ -152,8 +153,8 @@ def run_sync(args: argparse.Namespace, floor: int, why: str) -> int:
         if info is None:
             raise UnknownSequenceError(
                 f"sequence {_label(sequence, bits)}/{bits} does not exist on "
-                f"{_shown(target.url)}; nothing changed (create it with `sqlalchemy-tickets "
-                f"init --url {_shown(target.url)} {sequence or ''}`)".replace(" `", " `", 1))
+                f"{_shown(target.url)}; nothing changed (create it with "
+                f"`{init_command(_shown(target.url), *([sequence] if sequence else []))}`)")
         if info.last > floor:
             raise TicketsError(
                 f"{_label(sequence, bits)}/{bits} on {_shown(target.url)} has issued up to "

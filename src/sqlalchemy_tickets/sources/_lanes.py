@@ -33,6 +33,9 @@ class Lane:
     lock: threading.Lock = field(default_factory=threading.Lock)
     error: BaseException | None = None
     failures: int = 0
+    #: A refused rewind was logged for this lane and no refill has worked since: the refusals
+    #: of the retries (each may have burned another block, and says so) are the same rewind.
+    refused: bool = False
     changed: threading.Condition = field(init=False)
 
     def __post_init__(self) -> None:
@@ -127,8 +130,12 @@ class FailurePolicy(Generic[L]):
     ) -> None:
         """Record ``error`` on ``lane`` (``also`` runs under its lock too); ``final``: the
         refill is not tried again."""
+        refusal = error if isinstance(error, RewindError) else None
         with lane.lock:
-            repeated = type(lane.error) is type(error) and str(lane.error) == str(error)
+            # A refused rewind is said once: it waits for an operator, not for a retry, and a
+            # layer below (the tier or cache this lane refills from) may have said it already.
+            said = refusal is not None and (lane.refused or refusal.logged)
+            lane.refused = lane.refused or refusal is not None
             lane.error = error
             lane.failures += 1
             failures = lane.failures
@@ -139,10 +146,12 @@ class FailurePolicy(Generic[L]):
             self._defer(lane, self.backoff.pause(failures))
         if final:
             level = logging.ERROR
-        elif repeated and isinstance(error, RewindError):
-            level = logging.INFO  # said once: it waits for an operator, not for a retry
+        elif said:
+            level = logging.INFO
         else:
             level = logging.WARNING
+            if refusal is not None:
+                refusal.logged = True
         logger.log(level, "%s: refill of %s failed (%d in a row): %s",
                    self._name(), lane.label, failures, error)
 
@@ -152,3 +161,4 @@ class FailurePolicy(Generic[L]):
             logger.info("%s: refills of %s work again", self._name(), lane.label)
         lane.failures = 0
         lane.error = None
+        lane.refused = False

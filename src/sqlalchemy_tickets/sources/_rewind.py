@@ -24,6 +24,7 @@ import threading
 from collections.abc import Iterable
 from typing import Literal
 
+from .._commands import sync_command
 from .._naming import TicketTable
 from ..errors import RewindError, TicketsError
 
@@ -79,10 +80,9 @@ def refusal(
         if known is not None
         else "the highest id ever issued (e.g. max(id) of the tables the sequence serves)"
     )
-    sequence = table.sequence or f"--flickr --bits {table.bits}"
-    url = url or "<its URL>"
+    fix = sync_command(url or "URL", table.sequence, table.bits)
     return RewindError(
         f"{table.label} on {server} went back in time: {seen}. Nothing was issued. Move the "
-        f"sequence above every id already in use with `sqlalchemy-tickets sync --url {url} "
-        f"--above N {sequence}`, N being {above}; issuing then resumes"
+        f"sequence above every id already in use with `{fix}`, N being {above}"
+        + ("" if url else " and URL the database's") + "; issuing then resumes"
     )

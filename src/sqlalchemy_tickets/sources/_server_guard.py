@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .._naming import TicketTable
 from ..dialects.base import Identity, TableInfo
@@ -34,6 +34,19 @@ class Known:
     identity: Identity | None = None
     checked: float = 0.0
     epoch: int = 0
+
+
+@dataclass(eq=False)
+class Heals:
+    """One table's heals in this process: made one at a time (``lock``: a thread that meets
+    the rewind another is healing waits for it), how many were made, and the table's identity
+    as the last one left it. A thread that looked before a heal and finds, once it holds the
+    lock, that a heal happened since, or that the identity it saw is the one healed, met the
+    same rewind: it goes on with the healed table."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    count: int = 0
+    identity: Identity | None = None
 
 
 class IdentityGuard:
@@ -72,18 +85,32 @@ class IdentityGuard:
         self._healed = healed
         self._url = url
         self._lock = threading.Lock()
-        self._healing: dict[TicketTable, threading.Lock] = {}
+        self._heals: dict[TicketTable, Heals] = {}
         #: Rewinds healed here.
         self.rewinds = 0
 
     def __repr__(self) -> str:
         return repr(self.db)
 
+    def _of(self, table: TicketTable) -> Heals:
+        heals = self._heals.get(table)
+        if heals is None:
+            with self._lock:
+                heals = self._heals.setdefault(table, Heals())
+        return heals
+
+    def heals(self, table: TicketTable) -> int:
+        """How many heals of ``table`` this process made: read before a take, and handed to
+        :meth:`rewound` (``heals_seen``) if the block is a rewind."""
+        heals = self._heals.get(table)
+        return heals.count if heals is not None else 0
+
     def check(self, known: Known) -> bool:
         """Compare the table's identity with the one last seen (first contact: the one recorded
         in the database); a change that may have lost issued ids is a rewind. Returns whether
         there was one (healed: the sequence moved)."""
         table = known.table
+        heals = self.heals(table)  # before the identity is read: see rewound
         live = self.db.identity(table)
         epoch = self.db.own.connections
         if live is None:
@@ -107,7 +134,8 @@ class IdentityGuard:
         else:
             # A rewind, whoever heals it: a block taken before this check is burned.
             self.rewound(known, f"its identity changed from {reference} to {live} "
-                         "(restored from a backup, or a replica promoted)", live=live)
+                         "(restored from a backup, or a replica promoted)", live=live,
+                         heals_seen=heals)
             rewound = True
         known.identity = live
         known.checked = time.monotonic()
@@ -145,58 +173,78 @@ class IdentityGuard:
         *,
         live: Identity | None = None,
         high_seen: int | None = None,
+        heals_seen: int | None = None,
         in_use: bool = False,
     ) -> None:
         """The database went back in time for ``known`` (``seen``: how it showed): move the
         sequence above the highest floor plus the margin (``on_rewind="heal"``), or raise
-        :class:`RewindError`. Once per rewind: a thread that finds it healed by another since
-        it looked (the identity it saw, ``live``, recorded; the mark above the one it compared
-        with, ``high_seen``) leaves it. ``in_use``: not a rewind, the tables the sequence
-        serves hold ids it has not reached (a table moved from auto-increment). The caller
-        burns what it was offered either way."""
+        :class:`RewindError`. Once per rewind, however many threads meet it: one heals while
+        the others wait for it, and a thread that finds it healed since it looked leaves it:
+        a heal made since it read the count (``heals_seen``, :meth:`heals`) that left the
+        identity it saw (``live``), or any such heal where it saw no identity but a block; the
+        identity it saw recorded (by another process); the mark above the one it compared
+        with (``high_seen``). A later rewind is healed again.
+        ``in_use``: not a rewind, the tables the sequence serves hold ids it has not reached
+        (a table moved from auto-increment). The caller burns what it was offered either
+        way."""
         table = known.table
-        with self._lock:
-            healing = self._healing.setdefault(table, threading.Lock())
-        with healing:
+        heals = self._of(table)
+        with heals.lock:
+            since = heals_seen is not None and heals.count != heals_seen
             if live is not None:
+                if since and heals.identity is not None and live.same(heals.identity):
+                    known.identity = live  # healed by another thread since this one looked
+                    return
                 recorded = self.stamps.read(table)
                 if recorded is not None and recorded.same(live):
                     # Healed (and vouched for) by another thread or process since this one
                     # looked; the marks still guard what this process issued.
                     known.identity = live
                     return
+            elif since:
+                return  # healed by another thread since this one read its mark
             if high_seen is not None and self.marks.high(table) > high_seen:
                 return  # another thread healed it: its floor moved the mark
-            floors = self.floors(table)
-            if self.policy == "refuse" or not floors:
-                raise _rewind.refusal(repr(self), self._url, table, seen, floors)
-            floor = max(floors)
-            target = min(floor + self.margin * known.info.increment, table.max_id)
-            self.db.raise_above(table, target)
-            with self._lock:
-                self.rewinds += 1
-            with self.marks.lock:
-                # The target, not the floor: the ids issued from here on are this process's
-                # too, and a second restore of the same backup must not be healed onto them.
-                self.marks.of(table).raise_floor(target)
-            _rewind.counted(table)
-            self._healed(table, target)
-            if in_use:
-                logger.warning(
-                    "%s: %s: %s; moved it above %d (that id, %d, plus a margin) before its "
-                    "first block: no id is issued twice (run `sqlalchemy-tickets sync` or "
-                    "op.sync_ticket_sequence() when moving a table to TicketId)",
-                    self, table.label, seen, target, floor,
-                )
-            else:
-                logger.warning(
-                    "%s: %s went back in time: %s; moved it above %d (the highest id known in "
-                    "use, %d, plus a margin): no id is issued twice",
-                    self, table.label, seen, target, floor,
-                )
-            if live is None:
-                live = self.db.identity(table)
-            if live is not None:
-                # Vouched for as it is now: other processes need not heal it again.
-                self.stamps.record(table, live, target)
-                known.identity = live
+            heals.identity = self._heal(known, seen, live=live, in_use=in_use)
+            heals.count += 1
+
+    def _heal(
+        self, known: Known, seen: str, *, live: Identity | None, in_use: bool
+    ) -> Identity | None:
+        """:meth:`rewound`'s move (or refusal), under the table's heal lock. Returns the
+        table's identity as the heal leaves it (``None``: unknown)."""
+        table = known.table
+        floors = self.floors(table)
+        if self.policy == "refuse" or not floors:
+            raise _rewind.refusal(repr(self), self._url, table, seen, floors)
+        floor = max(floors)
+        target = min(floor + self.margin * known.info.increment, table.max_id)
+        self.db.raise_above(table, target)
+        with self._lock:
+            self.rewinds += 1
+        with self.marks.lock:
+            # The target, not the floor: the ids issued from here on are this process's
+            # too, and a second restore of the same backup must not be healed onto them.
+            self.marks.of(table).raise_floor(target)
+        _rewind.counted(table)
+        self._healed(table, target)
+        if in_use:
+            logger.warning(
+                "%s: %s: %s; moved it above %d (that id, %d, plus a margin) before its "
+                "first block: no id is issued twice (run `sqlalchemy-tickets sync` or "
+                "op.sync_ticket_sequence() when moving a table to TicketId)",
+                self, table.label, seen, target, floor,
+            )
+        else:
+            logger.warning(
+                "%s: %s went back in time: %s; moved it above %d (the highest id known in "
+                "use, %d, plus a margin): no id is issued twice",
+                self, table.label, seen, target, floor,
+            )
+        if live is None:
+            live = self.db.identity(table)
+        if live is not None:
+            # Vouched for as it is now: other processes need not heal it again.
+            self.stamps.record(table, live, target)
+            known.identity = live
+        return live

@@ -463,9 +463,13 @@ class TierRefills:
         or the lane's refills fail with :class:`RewindError` (refuse: ``False``)."""
         with lane.lock:
             lane.burned += len(block)
-            lane.rewinds += 1
+            # A retry of a refused one meets the same rewind: counted once.
+            again = lane.refused
+            if not again:
+                lane.rewinds += 1
         table = TicketTable(lane.sequence, lane.bits, lane.name)
-        _rewind.counted(table)
+        if not again:
+            _rewind.counted(table)
         seen = (f"{self.upstream!r} offered ids {block.start}..{block[-1]}, at or below "
                 f"{high}, the highest this datacenter tier stored from it")
         if self.on_rewind == "refuse" or not isinstance(self.upstream, KeepsAbove):

@@ -97,6 +97,7 @@ from sqlalchemy.engine import URL
 
 from .. import _process
 from .._backoff import Backoff
+from .._commands import init_command
 from .._naming import DEFAULT_TIER_PREFIX, check_bits, check_seconds, tier_tables
 from ..dialects._connect import Bind, OwnEngine, sync_bind
 from ..dialects.base import TicketBackend
@@ -262,8 +263,8 @@ class DatacenterTier:
                                   self.low_water)
         #: The identities and marks recorded in the tier's database (its stamp table).
         self.stamps = Stamps(self.own, create=create_missing, command=(
-            f"`sqlalchemy-tickets init --url {self.url.render_as_string(hide_password=True)} "
-            "--datacenter-tier` (or op.create_datacenter_tables() in a migration)"))
+            f"`{init_command(self.url.render_as_string(hide_password=True), '--datacenter-tier')}`"
+            " (or op.create_datacenter_tables() in a migration)"))
         self._closed = threading.Event()
         self._reset_state()
         _process.track(self)

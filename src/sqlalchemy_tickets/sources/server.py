@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from sqlalchemy.engine import URL, Engine
 
 from .. import _process
+from .._commands import init_command
 from .._deprecation import deprecated_alias
 from .._naming import (
     DEFAULT_TABLE_TEMPLATE,
@@ -167,7 +168,7 @@ class TicketServer:
         self.db = TicketDatabase(self.own, lambda: repr(self))
         #: The identities recorded in the database (its stamp table).
         self.stamps = Stamps(self.own, create=self.create_missing, command=(
-            f"`sqlalchemy-tickets init --url {self.url.render_as_string(hide_password=True)}` "
+            f"`{init_command(self.url.render_as_string(hide_password=True))}` "
             "(or op.create_ticket_table() in a migration)"))
         self.guard = IdentityGuard(
             self.db, self.stamps, self.marks, policy=self.on_rewind, margin=self.rewind_margin,
@@ -252,6 +253,7 @@ class TicketServer:
                 # Read before the take: a block taken concurrently may land first and be
                 # higher. (Give-backs and new floors, which move the mark otherwise, wait
                 # for the takes in flight.)
+                heals = self.guard.heals(table)  # before the mark: see guard.rewound
                 mark = self.marks.of(table)
                 high = mark.high
                 epoch = self.own.connections
@@ -267,7 +269,7 @@ class TicketServer:
                 # The block is burned; the sequence moves above the floor, or RewindError.
                 self.guard.rewound(known, f"it offered ids {block.start}..{block[-1]}, at or "
                                    f"below {high}, the highest id issued or known in use here",
-                                   high_seen=high)
+                                   high_seen=high, heals_seen=heals)
         raise TicketServerUnavailable(
             f"{table.label} on {self} kept offering ids already issued; try again"
         )

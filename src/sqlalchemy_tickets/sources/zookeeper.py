@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import _process
+from .._commands import init_command
 from .._naming import TicketTable, check_seconds, max_id, normalize_sequence
 from ..errors import (
     ExhaustedError,
@@ -235,7 +236,7 @@ class ZooKeeperSource:
         if missing and not self.create_missing:
             raise UnknownSequenceError(
                 f"{len(missing)} sequence(s) do not exist on {self} (the first: {missing[0]}): "
-                f"create them with `sqlalchemy-tickets init --url {self.url} SEQUENCE ...`, "
+                f"create them with `{init_command(str(self.url), 'SEQUENCE', '...')}`, "
                 "or create_missing=True"
             )
         if missing:
@@ -507,8 +508,9 @@ class ZooKeeperSource:
                     sequence, bits = self._parts(path)
                     raise UnknownSequenceError(
                         f"sequence {sequence or 'Tickets'}/{bits} does not exist on {self} "
-                        f"(no node {path}): create it with `sqlalchemy-tickets init --url "
-                        f"{self.url} {sequence or ''}`".rstrip() + ", or create_missing=True"
+                        f"(no node {path}): create it with "
+                        f"`{init_command(str(self.url), *([sequence] if sequence else []))}`"
+                        ", or create_missing=True"
                     ) from None
                 self._create_missing(path, deadline)
                 continue
