@@ -27,7 +27,7 @@ from sqlalchemy_tickets.sources.base import GivesBack, KeepsAbove, Prepares, Tic
 from sqlalchemy_tickets.sources.default import configured_source
 from support.processes import SPAWN, run_processes
 from support.proxy import TcpProxy
-from support.zookeeper import Ensemble
+from support.zookeeper import Ensemble, synced_reader
 
 MAX64 = 2**63 - 1
 MAX32 = 2**31 - 1
@@ -43,14 +43,15 @@ def source(zookeeper: Ensemble, zk_path: str) -> Iterator[ZooKeeperSource]:
 @pytest.fixture
 def observer(zookeeper: Ensemble) -> Iterator[KazooClient]:
     """A plain kazoo client: what the ensemble holds, read beside the source under test."""
-    client = KazooClient(hosts=zookeeper.hosts, timeout=10)
-    client.start(30)
+    client = synced_reader(zookeeper.hosts)
     yield client
     client.stop()
     client.close()
 
 
 def _mark(observer: KazooClient, path: str) -> int:
+    # A follower may answer a read before it applied the latest writes: synced first.
+    observer.sync(path)
     data, _ = observer.get(path)
     return int(json.loads(data)["last"])
 

@@ -12,13 +12,12 @@ import pytest
 from kazoo.client import KazooClient
 
 from support.cli import run
-from support.zookeeper import Ensemble
+from support.zookeeper import Ensemble, synced_reader
 
 
 @pytest.fixture
 def observer(zookeeper: Ensemble) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=zookeeper.hosts, timeout=10)
-    client.start(30)
+    client = synced_reader(zookeeper.hosts)
     yield client
     client.stop()
     client.close()

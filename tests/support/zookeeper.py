@@ -26,6 +26,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 __all__ = ["Ensemble", "Member", "zookeeper_unavailable_reason", "start_ensemble"]
 
@@ -266,3 +267,28 @@ def start_ensemble(workdir: Path | None = None) -> Ensemble:
             if attempt == 2:
                 raise
     raise AssertionError("unreachable")
+
+
+def synced_reader(hosts: str) -> Any:
+    """A started plain kazoo client whose reads see every write made before them: ZooKeeper's
+    reads are served by whichever server the session is on, and a follower may answer before
+    it applied the latest writes (``sync`` first: what a test asserting on the ensemble's
+    state after a write needs)."""
+    from kazoo.client import KazooClient
+
+    class SyncedReader(KazooClient):  # type: ignore[misc]
+        def get(self, path: str, *args: Any, **kwargs: Any) -> Any:
+            self.sync(path)
+            return super().get(path, *args, **kwargs)
+
+        def get_children(self, path: str, *args: Any, **kwargs: Any) -> Any:
+            self.sync(path)
+            return super().get_children(path, *args, **kwargs)
+
+        def exists(self, path: str, *args: Any, **kwargs: Any) -> Any:
+            self.sync(path)
+            return super().exists(path, *args, **kwargs)
+
+    client = SyncedReader(hosts=hosts, timeout=10)
+    client.start(30)
+    return client
