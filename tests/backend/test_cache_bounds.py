@@ -3,7 +3,6 @@ share a short-lived process burns, and the order of ids mixing ``next_id`` and `
 
 from __future__ import annotations
 
-import multiprocessing
 import random
 import threading
 from collections.abc import Callable
@@ -14,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqlalchemy_tickets import CachedSource, TicketId, TicketServer, configure
+from support.processes import WORKERS
 
 
 class Base(DeclarativeBase):
@@ -69,7 +69,7 @@ def test_a_killed_process_burns_at_most_the_waste_budget(
     make_database: Callable[[str], str], options: dict[str, Any]
 ) -> None:
     url = make_database("sqlite")
-    ctx = multiprocessing.get_context("spawn")
+    ctx = WORKERS
     queue, stop = ctx.Queue(), ctx.Event()
     child = ctx.Process(target=_cached_then_killed, args=(url, options, queue, stop))
     child.start()
@@ -103,7 +103,7 @@ def test_a_restart_of_the_embedded_default_burns_at_most_ten_thousand(
 ) -> None:
     """README: a restart burns never more than 10,000 ids per sequence, whatever was held."""
     url = make_database(backend)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = WORKERS
     queue, stop = ctx.Queue(), ctx.Event()
     # Quick large flushes: the rate estimate (and, before, the block size) shoots up.
     child = ctx.Process(
@@ -143,7 +143,7 @@ def test_short_lived_processes_burn_a_small_share_of_what_they_use(
     """Three processes in a row, each inserting 30,000 rows in bursts: each exit burns at most
     10 % of what the process inserted (before: a burst drove blocks to ``max_block``)."""
     url, ticket_url = make_database("sqlite"), make_database(backend)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = WORKERS
     queue = ctx.Queue()
     bursts = [50, 2_000, 10_000, 100, 7_849, 10_000]  # + 1 row first: 30,000 rows
     spans = []

@@ -5,7 +5,6 @@ batch that takes longer than the timeout."""
 
 from __future__ import annotations
 
-import multiprocessing
 import random
 import threading
 import time
@@ -19,13 +18,13 @@ import sqlalchemy as sa
 from sqlalchemy_tickets import TicketsError, TicketServer, TicketServerUnavailable
 from sqlalchemy_tickets.dialects.base import TableInfo
 from support.pgbouncer import PgBouncer, pgbouncer  # noqa: F401 - the fixture
+from support.processes import WORKERS
 from support.proxy import TcpProxy
 from support.tables import drop_ticket_tables_one_by_one, ticket_tables
 
 SEQUENCES = [f"seq{i:03d}" for i in range(300)]
 TABLES = [f"tickets__{name}" for name in SEQUENCES]
 
-SPAWN = multiprocessing.get_context("spawn")
 
 
 @pytest.fixture
@@ -136,10 +135,10 @@ def test_processes_creating_overlapping_lists_at_once(database_url: str) -> None
     mixed = SEQUENCES[50:250]
     random.Random(7).shuffle(mixed)
     lists = [SEQUENCES[:200], list(reversed(SEQUENCES[100:])), mixed]
-    barrier = SPAWN.Barrier(len(lists))
-    queue = SPAWN.Queue()
+    barrier = WORKERS.Barrier(len(lists))
+    queue = WORKERS.Queue()
     children = [
-        SPAWN.Process(target=_create_in_child, args=(database_url, names, barrier, queue))
+        WORKERS.Process(target=_create_in_child, args=(database_url, names, barrier, queue))
         for names in lists
     ]
     for child in children:

@@ -4,7 +4,6 @@ upstream in the background; given-back ids first; the stock outlives processes a
 from __future__ import annotations
 
 import concurrent.futures
-import multiprocessing
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,21 +26,21 @@ from sqlalchemy_tickets.sources.datacenter import (
     create_datacenter_tables,
     describe_datacenter,
 )
+from support.processes import WORKERS
 from support.proxy import TcpProxy
 
 #: Options that keep the stock at exactly ``min_block`` ids: no rate can grow the target.
 STEADY: dict[str, Any] = {"supply": 0.001, "min_block": 100, "timeout": 2.0}
 
 
-SPAWN = multiprocessing.get_context("spawn")
 
 
 def _results_of(target: Callable[..., None], arguments: list[tuple[Any, ...]]) -> list[Any]:
     """Runs ``target(*args, queue)`` in a spawned process per ``args``; what each put on the
     queue, in the order they finished. A child that dies without putting anything fails the
     test at once, with its exit code, instead of leaving the parent waiting on the queue."""
-    queue = SPAWN.Queue()
-    children = [SPAWN.Process(target=target, args=(*args, queue)) for args in arguments]
+    queue = WORKERS.Queue()
+    children = [WORKERS.Process(target=target, args=(*args, queue)) for args in arguments]
     for child in children:
         child.start()
     results: list[Any] = []
@@ -283,7 +282,7 @@ def test_the_stock_serves_a_new_process_with_upstream_down(
     held = _status(url).stock
     assert held >= 100
     proxy.refuse()  # the global tier is down
-    ctx = multiprocessing.get_context("spawn")
+    ctx = WORKERS
     queue = ctx.Queue()
     child = ctx.Process(target=_draw_until_empty, args=(url, upstream_url, queue))
     child.start()
@@ -380,7 +379,7 @@ def test_one_refill_at_a_time_across_processes(backend: str, make_database: Any)
     url, upstream_url = make_database(backend), make_database(backend)
     create_datacenter_tables(url)
     n = 4
-    barrier = SPAWN.Barrier(n)
+    barrier = WORKERS.Barrier(n)
     results = _results_of(_refill_racer, [(url, upstream_url, barrier)] * n)
     ids = [i for got, _ in results for i in got]
     assert len(ids) == len(set(ids)) == n * 600
@@ -404,7 +403,7 @@ def test_a_refiller_killed_mid_refill_blocks_refills_only_until_its_claim_runs_o
     backend: str, make_database: Any
 ) -> None:
     url, upstream_url = make_database(backend), make_database(backend)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = WORKERS
     entered = ctx.Event()
     child = ctx.Process(target=_stalled_refiller, args=(url, upstream_url, entered))
     child.start()
@@ -526,7 +525,7 @@ def test_processes_killed_mid_take_mid_give_back_and_mid_refill_never_cause_a_du
 ) -> None:
     url, upstream_url = make_database(backend), make_database(backend)
     create_datacenter_tables(url)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = WORKERS
     files = []
     for round_ in range(3):
         children = []

@@ -3,12 +3,12 @@ and every caller must get ids (none twice) however the creations interleave."""
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy_tickets import TicketServer
+from support.processes import WORKERS
 
 PROCESSES = 4
 SEQUENCES = 24
@@ -55,7 +55,7 @@ def test_fresh_sequences_used_by_many_processes_at_once(
     url = make_database(backend)
     rounds = [[f"fresh{r}_{k}" for k in range(SEQUENCES)] for r in range(ROUNDS)]
     names = [name for names in rounds for name in names]
-    ctx = multiprocessing.get_context("spawn")
+    ctx = WORKERS
     barrier = ctx.Barrier(PROCESSES * SEQUENCES)
     queue = ctx.Queue()
     children = [

@@ -10,7 +10,6 @@ skipped like any server that does not answer.
 
 from __future__ import annotations
 
-import multiprocessing
 import secrets
 import threading
 import time
@@ -23,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy_tickets import TicketServer, TicketServers
 from support.cli import run
 from support.galera import GaleraCluster
+from support.processes import WORKERS
 
 #: Long scenarios: run once per make test (see the ``slow`` marker).
 pytestmark = pytest.mark.slow
@@ -141,7 +141,7 @@ def test_a_node_killed_and_rejoined_costs_no_duplicate_and_no_caller_error(
     galera_cluster: GaleraCluster, urls: list[str]
 ) -> None:
     assert run("init", *(arg for url in urls for arg in ("--url", url)), "photos").returncode == 0
-    ctx = multiprocessing.get_context("spawn")
+    ctx = WORKERS
     stop = ctx.Event()
     drawn = ctx.Value("l", 0)
     out = ctx.Queue()

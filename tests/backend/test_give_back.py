@@ -5,7 +5,6 @@ killed (never a duplicate)."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import random
 import signal
@@ -22,6 +21,7 @@ from sqlalchemy.engine import make_url
 
 import sqlalchemy_tickets
 from sqlalchemy_tickets import CachedSource, DatacenterTier, TicketServer, TicketServers
+from support.processes import WORKERS
 from support.proxy import TcpProxy
 
 
@@ -111,7 +111,7 @@ def _draw_and_give_back(url: str, seed: int, rounds: int) -> list[int]:
 @pytest.mark.slow
 def test_giving_back_under_contention_never_duplicates(database_url: str) -> None:
     TicketServer(database_url).create("shared")
-    ctx = multiprocessing.get_context("spawn")
+    ctx = WORKERS
     with ctx.Pool(4) as pool:
         results = pool.starmap(_draw_and_give_back, [(database_url, s, 150) for s in range(4)])
     kept = [i for chunk in results for i in chunk]
@@ -192,7 +192,7 @@ def _cache_then_wait(url: str, queue: Any, stop: Any) -> None:
 def test_a_process_that_exits_cleanly_burns_nothing(
     database_url: str, tiers: int, close: bool
 ) -> None:
-    ctx = multiprocessing.get_context("spawn")
+    ctx = WORKERS
     queue = ctx.Queue()
     child = ctx.Process(target=_cache_then_exit, args=(database_url, tiers, close, queue))
     child.start()
@@ -212,7 +212,7 @@ def test_a_process_that_exits_cleanly_burns_nothing(
 def test_a_killed_process_burns_what_it_held_and_never_causes_a_duplicate(
     database_url: str,
 ) -> None:
-    ctx = multiprocessing.get_context("spawn")
+    ctx = WORKERS
     queue, stop = ctx.Queue(), ctx.Event()
     child = ctx.Process(target=_cache_then_wait, args=(database_url, queue, stop))
     child.start()
@@ -351,7 +351,7 @@ def test_a_rolling_restart_over_a_datacenter_tier_burns_nothing(
     """Two rounds of three workers at once sharing one tier, each closing cleanly: 0 burned,
     the ids the first round held come out again in the second, and no id twice."""
     dc_url, global_url = make_database(backend), make_database(backend)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = WORKERS
     queue = ctx.Queue()
     rounds: list[list[int]] = []
     held: list[list[int]] = []

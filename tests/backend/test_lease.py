@@ -23,6 +23,7 @@ from sqlalchemy_tickets.generators import (
     lease_table,
     lease_table_statements,
 )
+from support.processes import WORKERS
 
 LAYOUT = SnowflakeLayout(41, 2, 12)  # four worker ids
 ONE_WORKER = SnowflakeLayout(41, 0, 12)  # a single worker id: every holder wants id 0
@@ -194,7 +195,7 @@ def test_processes_hold_distinct_ids_and_a_killed_ones_id_comes_back(
 ) -> None:
     ns, ttl = _ns(), 2.0
     WorkerLease(database_url, namespace=ns).ensure_table()  # avoid four racing CREATE TABLEs
-    ctx = multiprocessing.get_context("spawn")
+    ctx = WORKERS
     ready = ctx.Queue()
     procs, stops = [], []
     for k in range(4):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from sqlalchemy_tickets import (
 )
 from sqlalchemy_tickets._naming import max_id
 from support.cli import run
+from support.processes import WORKERS
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "migrations_examples"
 
@@ -134,7 +134,7 @@ def test_restride_under_concurrent_allocation_never_duplicates(
     run("init", "--url", a, "photos", "--increment", "2", "--offset", "1")
     run("init", "--url", b, "photos", "--increment", "2", "--offset", "2")
     stop = str(tmp_path / "stop")
-    ctx = multiprocessing.get_context("spawn")
+    ctx = WORKERS
     old = [ctx.Process(target=_draw_until, args=([a, b], stop, str(tmp_path / f"old{i}.json")))
            for i in range(3)]
     for p in old:

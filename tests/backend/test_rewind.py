@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import os
 import shutil
 import time
@@ -40,6 +39,7 @@ from sqlalchemy_tickets import (
     configure,
 )
 from support.cli import run
+from support.processes import WORKERS
 from support.rewind import (
     FollowingProxy,
     MariaDbPair,
@@ -58,7 +58,6 @@ pytestmark = pytest.mark.slow
 
 SERVERS = ("postgresql", "mysql")
 ALL = ("sqlite", "postgresql", "mysql")
-SPAWN = multiprocessing.get_context("spawn")
 #: Seconds a loop waiting for a cache or a failover may run before the test fails.
 DEADLINE = 30.0
 
@@ -162,8 +161,8 @@ def _issue_in_child(url: str, count: int, queue: Any) -> None:
 
 
 def issued_by_another_process(url: str, count: int) -> list[int]:
-    queue = SPAWN.Queue()
-    child = SPAWN.Process(target=_issue_in_child, args=(url, count, queue))
+    queue = WORKERS.Queue()
+    child = WORKERS.Process(target=_issue_in_child, args=(url, count, queue))
     child.start()
     try:
         ids: list[int] = queue.get(timeout=120)

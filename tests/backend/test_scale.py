@@ -33,7 +33,7 @@ from sqlalchemy_tickets.sources.datacenter import (
     datacenter_tables,
     describe_datacenter,
 )
-from support.processes import SPAWN, run_processes
+from support.processes import WORKERS, run_processes
 from support.proxy import TcpProxy
 
 #: The name prefixes of the library's threads: the refill schedulers of caches and tiers, and
@@ -190,7 +190,7 @@ def test_thousands_of_sequences_over_a_tier_across_processes(
             assert len(setup.create_tables(names)) == sequences
         finally:
             setup.close()
-        barrier = SPAWN.Barrier(processes)
+        barrier = WORKERS.Barrier(processes)
         results = run_processes(
             _tier_worker,
             [(dc_url, global_url, names, threads, passes, barrier)] * processes,
@@ -572,7 +572,7 @@ def test_many_processes_meet_new_sequences_at_once(
     names = [f"fresh{i:03d}" for i in range(100)]
     url = make_database(backend)
     modes = ["server", "cache"] * 3
-    barrier = SPAWN.Barrier(len(modes))
+    barrier = WORKERS.Barrier(len(modes))
     results = run_processes(
         _first_contact_worker, [(mode, url, None, names, barrier) for mode in modes]
     )
@@ -589,7 +589,7 @@ def test_many_processes_meet_new_sequences_at_once_through_a_tier(
     names = [f"fresh{i:03d}" for i in range(100)]
     url, dc_url = make_database(backend), make_database(backend)
     processes = 6
-    barrier = SPAWN.Barrier(processes)
+    barrier = WORKERS.Barrier(processes)
     results = run_processes(
         _first_contact_worker, [("cache", url, dc_url, names, barrier)] * processes
     )

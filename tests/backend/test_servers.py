@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import multiprocessing
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from sqlalchemy_tickets import (
     TicketServerUnavailable,
     UnknownSequenceError,
 )
+from support.processes import WORKERS
 from support.proxy import TcpProxy
 
 NETWORK_BACKENDS = ["postgresql", "mysql"]
@@ -54,7 +54,7 @@ def _draw(url: str, threads: int, calls: int) -> list[int]:
 def test_four_processes_by_four_threads_never_share_an_id(make_database, backend: str) -> None:
     url = make_database(backend)
     TicketServer(url).create("shared")
-    ctx = multiprocessing.get_context("spawn")
+    ctx = WORKERS
     with concurrent.futures.ProcessPoolExecutor(4, mp_context=ctx) as pool:
         results = list(pool.map(_draw, [url] * 4, [4] * 4, [50] * 4))
     ids = [i for chunk in results for i in chunk]

@@ -25,7 +25,7 @@ from sqlalchemy_tickets import (
 )
 from sqlalchemy_tickets.sources.base import GivesBack, KeepsAbove, Prepares, TicketSource
 from sqlalchemy_tickets.sources.default import configured_source
-from support.processes import SPAWN, run_processes
+from support.processes import WORKERS, run_processes
 from support.proxy import TcpProxy
 from support.zookeeper import Ensemble, synced_reader
 
@@ -239,7 +239,7 @@ def test_processes_racing_on_one_sequence_never_share_an_id(
     zookeeper: Ensemble, zk_path: str, observer: KazooClient
 ) -> None:
     processes, blocks = 6, 40
-    barrier = SPAWN.Barrier(processes)
+    barrier = WORKERS.Barrier(processes)
     results = run_processes(
         _draw, [(zookeeper.hosts, zk_path, blocks, barrier)] * processes, timeout=240
     )

@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from support import forked
+
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 SCRIPTS = sorted(p.stem for p in BENCH_DIR.glob("*.py") if not p.name.startswith("_"))
 #: Seconds one smoke run may take on a loaded two-core machine.
@@ -63,16 +65,11 @@ def smoke_runs(
 
     def run(name: str, out: Path) -> Run:
         started = time.monotonic()
-        done = subprocess.run(
-            [sys.executable, str(BENCH_DIR / f"{name}.py"), "--smoke", "--out", str(out)],
-            cwd=BENCH_DIR.parent,
-            env=env,
-            text=True,
-            timeout=TIMEOUT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            check=False,
+        done = forked.run_path(
+            BENCH_DIR / f"{name}.py", "--smoke", "--out", str(out), cwd=BENCH_DIR.parent,
+            env=env, timeout=TIMEOUT, preload=(*forked.PRELOAD, "matplotlib", "numpy"),
         )
+        done.stdout += done.stderr
         return done, out, time.monotonic() - started
 
     with ThreadPoolExecutor(max_workers=AT_ONCE) as pool:

@@ -31,6 +31,11 @@ def _child(request: dict[str, Any]) -> NoReturn:
         sys.argv = [name, *request["args"]]
         runpy.run_module(name, run_name="__main__", alter_sys=True)
         raise SystemExit(0)
+    if kind == "path":  # python path/to/script.py: its directory first on the path
+        sys.path[0] = os.path.dirname(os.path.abspath(name))
+        sys.argv = [name, *request["args"]]
+        runpy.run_path(name, run_name="__main__")
+        raise SystemExit(0)
     # A console script: its directory first on the path, its entry point's result the status.
     (entry,) = importlib.metadata.entry_points(group="console_scripts", name=name)
     sys.path[0] = os.path.dirname(request["script"])
@@ -39,13 +44,15 @@ def _child(request: dict[str, Any]) -> NoReturn:
 
 
 def main() -> None:
+    preload = sys.argv[1:]
+    sys.argv[1:] = []
     # The control channel moves off the standard streams, which the children take over.
     control_in = os.fdopen(os.dup(0), "r")
     control_out = os.fdopen(os.dup(1), "w")
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
-    for module in sys.argv[1:]:
+    for module in preload:
         try:
             importlib.import_module(module)
         except ImportError:
