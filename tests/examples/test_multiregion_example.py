@@ -52,7 +52,9 @@ def test_two_datacenters_one_cut_off_the_global_pair(
          # A stock of 1000 ids (the least a tier holds: 8 s at this rate is fewer), refilled
          # under 500: the cut comes once eu1's is down near 500, and drains about 250.
          "--workers", "2", "--rate", "25", "--supply", "8", "--warmup", "2", "--cut", str(CUT),
-         "--after", "4"],
+         # After the cut: the pair's servers, backed off through it (1 s, doubling: up to
+         # 4 s by its end), are tried again within one back-off, then a refill lands.
+         "--after", "8"],
         cwd=RUN.parent, env=os.environ.copy(), text=True, timeout=TIMEOUT,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False,
     )
