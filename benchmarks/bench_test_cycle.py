@@ -1,8 +1,7 @@
 """An application's test cycle on one database kept for the run (microblog-api, the FastAPI
-template): a new engine, ``create_all``, 20 rows of two models, ``drop_all``, the ticket tables
-reset, ``dispose()`` — ``TicketId`` keys on the embedded default, reset by
-``reset_ticket_tables`` (``reset``) or ``drop_ticket_tables`` (``drop``), vs auto-increment
-keys. Target: reset / autoinc <= 1.5.
+template): a new engine, ``create_all``, 20 rows of two models, ``drop_all``,
+``drop_ticket_tables``, ``dispose()`` — ``TicketId`` keys on the embedded default vs
+auto-increment keys. Target: tickets / auto-increment <= 1.5.
 
     .venv/bin/python benchmarks/bench_test_cycle.py [--smoke] [--backends postgresql,mysql]
 """
@@ -15,16 +14,15 @@ from typing import Any
 import _harness as h
 import sqlalchemy as sa
 
-from sqlalchemy_tickets import TicketId, drop_ticket_tables, reset_ticket_tables
+from sqlalchemy_tickets import TicketId, drop_ticket_tables
 
 NAME, TARGET, ROWS = "bench_test_cycle", 1.5, 10  # rows of each model
 
 
-def cycle(kind: str, url: sa.URL) -> Any:
-    """The timed unit on ``url``'s database, for keys of ``kind``."""
+def cycle(tickets: bool, url: sa.URL) -> Any:
+    """The timed unit on ``url``'s database, for keys drawn from tickets or auto-incremented."""
     metadata = sa.MetaData()
-    key = (lambda name: sa.Integer()) if kind == "autoinc" else (lambda name: TicketId(name))
-    resets = {"reset": reset_ticket_tables, "drop": drop_ticket_tables}
+    key = (lambda name: TicketId(name)) if tickets else (lambda name: sa.Integer())
     users = sa.Table("cycle_users", metadata, sa.Column("id", key("cycle_users"), primary_key=True),
                      sa.Column("name", sa.String(40)))
     posts = sa.Table("cycle_posts", metadata, sa.Column("id", key("cycle_posts"), primary_key=True),
@@ -38,8 +36,8 @@ def cycle(kind: str, url: sa.URL) -> Any:
             conn.execute(posts.insert(), [{"user_id": r.inserted_primary_key_rows[0][0]}
                                           for r in made])
         metadata.drop_all(engine)
-        if kind in resets:
-            resets[kind](metadata, engine)
+        if tickets:
+            drop_ticket_tables(metadata, engine)
         engine.dispose()
 
     return run
@@ -47,11 +45,10 @@ def cycle(kind: str, url: sa.URL) -> Any:
 
 def run_backend(args: Any, backend: str) -> dict[str, Any]:
     with h.throwaway_database(backend) as url:
-        variants = [h.Variant(n, cycle(n, url)) for n in ("reset", "drop", "autoinc")]
+        variants = [h.Variant(n, cycle(n == "tickets", url)) for n in ("tickets", "autoinc")]
         timings = h.interleave(variants, h.rounds(args, 41), label=f"{backend} ")
-    return {"ratios": {"reset/autoinc": h.ratio_summary(timings, "reset", "autoinc", TARGET),
-                       "drop/autoinc": h.ratio_summary(timings, "drop", "autoinc")},
-            **timings.to_json()}
+    return {"ratios": {"tickets/autoinc": h.ratio_summary(timings, "tickets", "autoinc",
+                                                          TARGET)}, **timings.to_json()}
 
 
 def main(argv: list[str] | None = None) -> int:

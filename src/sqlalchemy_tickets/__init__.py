@@ -24,7 +24,7 @@ from .errors import (
 from .prefix_lookup import async_lookup, lookup
 
 if TYPE_CHECKING:
-    from ._reset import drop_ticket_tables, reset_ticket_tables
+    from ._reset import drop_ticket_tables
     from .retry import async_retry_session, is_retryable, retry_session
     from .sources import (
         CachedSource,
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
 # ``prefix_lookup`` stay eager: they register the global ``before_flush`` and mapper listeners.
 _LAZY = {
     "drop_ticket_tables": "._reset",
-    "reset_ticket_tables": "._reset",
     "async_retry_session": ".retry",
     "is_retryable": ".retry",
     "retry_session": ".retry",
@@ -128,6 +127,5 @@ __all__ = [
     "drop_ticket_tables",
     "is_retryable",
     "lookup",
-    "reset_ticket_tables",
     "retry_session",
 ]

@@ -10,7 +10,6 @@ threads by name, exits in real subprocesses whose stderr is read.
 from __future__ import annotations
 
 import gc
-import logging
 import multiprocessing
 import os
 import subprocess
@@ -20,22 +19,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.pool import StaticPool
 
-from sqlalchemy_tickets import (
-    TicketId,
-    TicketsError,
-    configure,
-    drop_ticket_tables,
-    reset_ticket_tables,
-)
+from sqlalchemy_tickets import TicketId, TicketsError, configure, drop_ticket_tables
 from sqlalchemy_tickets._naming import ticket_table
 from sqlalchemy_tickets.sources.default import embedded_source
 from support.proxy import TcpProxy
@@ -387,46 +378,6 @@ def test_drop_ticket_tables_starts_the_sequences_again(app_engine: sa.Engine) ->
     Base.metadata.drop_all(app_engine)
     Base.metadata.create_all(app_engine)
     assert min(_flush_one_of_each(app_engine)) > 1
-
-
-def test_reset_ticket_tables_starts_the_sequences_again_keeping_the_tables(
-    database_url: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """An engine per test, the ticket tables reset between them: ids start at 1 again, no
-    ticket table is made again after the first test, and the rewind guard sees nothing."""
-    made: list[str] = []
-
-    def count_creates(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
-        if statement.lstrip().upper().startswith("CREATE TABLE") and "tickets__" in statement:
-            made.append(statement)
-
-    names = sorted(ticket_table(t.sequence, t.bits).name
-                   for t in (model.__table__.c.id.type for model in MODELS))
-    event.listen(sa.engine.Engine, "before_cursor_execute", count_creates)
-    try:
-        with caplog.at_level(logging.WARNING, logger="sqlalchemy_tickets"):
-            for test in range(4):
-                engine = sa.create_engine(database_url)
-                Base.metadata.create_all(engine)
-                assert _flush_one_of_each(engine) == [1, 1, 1]
-                assert _flush_one_of_each(engine) == [2, 2, 2]
-                Base.metadata.drop_all(engine)
-                assert sorted(reset_ticket_tables(Base.metadata, engine)) == names
-                engine.dispose()
-                if test == 0:
-                    assert len(made) == len(MODELS)  # the first test's first flush made them
-    finally:
-        event.remove(sa.engine.Engine, "before_cursor_execute", count_creates)
-    assert len(made) == len(MODELS), made  # kept, not made again
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
-    # Tables never made are left for the first flush.
-    other = sa.MetaData()
-    sa.Table("never", other, sa.Column("id", TicketId("never_made"), primary_key=True))
-    engine = sa.create_engine(database_url)
-    try:
-        assert reset_ticket_tables(other, engine) == []
-    finally:
-        engine.dispose()
 
 
 def test_drop_ticket_tables_refuses_a_configured_source(app_engine: sa.Engine) -> None:
