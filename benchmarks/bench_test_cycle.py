@@ -22,7 +22,8 @@ NAME, TARGET, ROWS = "bench_test_cycle", 1.5, 10  # rows of each model
 def cycle(tickets: bool, url: sa.URL) -> Any:
     """The timed unit on ``url``'s database, for keys drawn from tickets or auto-incremented."""
     metadata = sa.MetaData()
-    key = (lambda name: TicketId(name)) if tickets else (lambda name: sa.Integer())
+    autoinc = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite's: INTEGER keys
+    key = (lambda name: TicketId(name)) if tickets else (lambda name: autoinc)
     users = sa.Table("cycle_users", metadata, sa.Column("id", key("cycle_users"), primary_key=True),
                      sa.Column("name", sa.String(40)))
     posts = sa.Table("cycle_posts", metadata, sa.Column("id", key("cycle_posts"), primary_key=True),
