@@ -18,7 +18,6 @@ import logging
 import os
 import shutil
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -51,6 +50,7 @@ from support.rewind import (
     start_mariadb_pair,
     start_postgresql_pair,
 )
+from support.rewinding import assert_distinct, rewind_warnings
 from support.servers import ServerProcess
 
 #: Long scenarios: run once per make test (see the ``slow`` marker).
@@ -65,12 +65,6 @@ DEADLINE = 30.0
 # --------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------
-
-
-def assert_distinct(ids: list[int]) -> None:
-    """No id handed out twice (the duplicates are named when there are some)."""
-    twice = sorted(i for i, n in Counter(ids).items() if n > 1)
-    assert not twice, f"{len(twice)} ids handed out twice, e.g. {twice[:10]}"
 
 
 def snapshot(url: str, path: Path) -> Path:
@@ -139,16 +133,6 @@ def sync_above(url: str, above: int, *sequences: str) -> None:
     result = run("sync", "--url", url, "--above", str(above), *sequences)
     assert result.returncode == 0, result.stderr
     assert "identity recorded" in result.stdout
-
-
-def rewind_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [
-        r.getMessage()
-        for r in caplog.records
-        if r.name == "sqlalchemy_tickets"
-        and r.levelno == logging.WARNING
-        and "went back in time" in r.getMessage()
-    ]
 
 
 def _issue_in_child(url: str, count: int, queue: Any) -> None:
