@@ -36,7 +36,7 @@ from sqlalchemy_tickets.errors import TicketsError
 from sqlalchemy_tickets.sources.datacenter import describe_datacenter
 from support import forked
 from support.alembic_tier import run_alembic, tier_project
-from support.tables import drop_ticket_tables_one_by_one
+from support.tables import drop_ticket_tables_one_by_one, run_script
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "migrations_examples"
 BACKENDS = ["sqlite", "postgresql", "mysql"]
@@ -219,27 +219,6 @@ def _offline_sql(example: str, **x: Any) -> str:
     return result.stdout
 
 
-def _run_script(url: str, sql: str) -> None:
-    """Run an offline script the way a DBA would, statement by statement."""
-    statements = [
-        "\n".join(line for line in chunk.splitlines() if not line.startswith("--")).strip()
-        for chunk in re.split(r";[ \t]*\n", sql)
-    ]
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    try:
-        with engine.connect() as conn:
-            dbapi = conn.connection.dbapi_connection
-            assert dbapi is not None
-            cursor = dbapi.cursor()
-            for statement in filter(None, statements):
-                cursor.execute(statement)
-                if cursor.description is not None:  # INSERT ... RETURNING
-                    cursor.fetchall()
-            dbapi.commit()
-    finally:
-        engine.dispose()
-
-
 @pytest.mark.parametrize(
     ("backend", "example", "x"),
     [
@@ -258,7 +237,7 @@ def test_offline_scripts_run(
 ) -> None:
     """The ``--sql`` output of the examples runs as is (``offset`` quoted for MariaDB too)."""
     url = make_database(backend)
-    _run_script(url, _offline_sql(example, url=url, **x))
+    run_script(url, _offline_sql(example, url=url, **x))
     increment, offset = x.get("increment", 1), x.get("offset", 1)
     assert draw(url, "Photos", 3) == range(offset, offset + 3 * increment, increment)
     if example.startswith("mysql"):
@@ -490,18 +469,18 @@ def test_create_and_drop_ticket_tables_offline_scripts_run(url: str, backend: st
         lambda op: op.create_ticket_tables(names, start=10, increment=3, offset=2),  # type: ignore[attr-defined]
     )
     assert create.count("CREATE TABLE IF NOT EXISTS") == 121  # and the stamp table
-    _run_script(url, create)
+    run_script(url, create)
     # first id 11 (the smallest >= 10 that is 2 mod 3)
     assert ticket_rows(url, tables) == {name: [(8, 3, 2)] for name in tables}
     assert draw(url, names[7], 2) == range(11, 17, 3)
-    _run_script(url, create)  # written to run again: the tables are left as they are
+    run_script(url, create)  # written to run again: the tables are left as they are
     assert draw(url, names[7], 1) == range(17, 18)
 
     drop = _offline_script(dialect, lambda op: op.drop_ticket_tables(names))  # type: ignore[attr-defined]
     statements = "\n".join(line for line in drop.splitlines() if not line.startswith("--"))
     assert statements.count("DROP TABLE IF EXISTS") == 120 + (backend == "mysql")
     assert statements.count("DELETE FROM") == 1
-    _run_script(url, drop)
+    run_script(url, drop)
     assert table_names(url) & tables == set()
     # The last ticket table gone, the stamp table goes too; SQLite's script cannot say so.
     assert ("tickets_stamps" in table_names(url)) is (backend == "sqlite")
@@ -921,7 +900,7 @@ def test_datacenter_tables_offline_script_runs(url: str, tmp_path: Path) -> None
     project = tier_project(tmp_path)
     result = run_alembic(project, "upgrade", "head", "--sql", url=url)
     assert result.returncode == 0, result.stderr
-    _run_script(url, result.stdout)
+    run_script(url, result.stdout)
     _tier_works(url, "tickets_dc", tmp_path)
 
 

@@ -204,19 +204,7 @@ def test_cut_over_from_auto_increment_moves_the_sequence_above_the_rows(
     url = make_database(backend)
     where = project(url)
 
-    # The application as it was, before it had migrations: an auto-increment key (SERIAL,
-    # AUTO_INCREMENT, SQLite's rowid), rows in it.
-    before = sa.MetaData()
-    photos = sa.Table("photos", before, sa.Column("id", sa.Integer, primary_key=True),
-                      sa.Column("title", sa.String(200)))
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    try:
-        before.create_all(engine)
-        with engine.begin() as conn:
-            conn.execute(sa.insert(photos), [{"title": "a"}, {"title": "b"}])
-            conn.execute(sa.insert(photos), [{"id": 500, "title": "imported"}])
-    finally:
-        engine.dispose()
+    _legacy_photos(url)
 
     # The model switched to TicketId. SQLite cannot change a column's type without batch mode,
     # which a plain env.py does not use: there the 32-bit ids keep the INTEGER column as it is.

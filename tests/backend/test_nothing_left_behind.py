@@ -24,6 +24,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import sqlalchemy_tickets.alembic  # noqa: F401  (Alembic < 1.18: registers the operations)
 from sqlalchemy_tickets import DatacenterTier, TicketId, TicketServer, configure, drop_ticket_tables
+from support.tables import run_script, tables_starting
 
 STAMPS = "tickets_stamps"
 
@@ -31,13 +32,7 @@ STAMPS = "tickets_stamps"
 def library_tables(url: str) -> set[str]:
     """The tables of the library in the database at ``url`` (ticket tables, the stamp table,
     a tier's tables): every name the library makes starts with "tickets"."""
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    try:
-        with engine.connect() as conn:
-            names = sa.inspect(conn).get_table_names()
-    finally:
-        engine.dispose()
-    return {name.lower() for name in names if name.lower().startswith("tickets")}
+    return tables_starting(url, "tickets")
 
 
 def stamp_rows(url: str) -> dict[str, str]:
@@ -69,27 +64,6 @@ def offline_script(dialect: str, call: Callable[[Operations], None]) -> str:
     )
     call(Operations(context))
     return buffer.getvalue()
-
-
-def run_script(url: str, sql: str) -> None:
-    """Run an offline script the way a DBA would, statement by statement."""
-    statements = [
-        "\n".join(line for line in chunk.splitlines() if not line.startswith("--")).strip()
-        for chunk in re.split(r";[ \t]*\n", sql)
-    ]
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    try:
-        with engine.connect() as conn:
-            dbapi = conn.connection.dbapi_connection
-            assert dbapi is not None
-            cursor = dbapi.cursor()
-            for statement in filter(None, statements):
-                cursor.execute(statement)
-                if cursor.description is not None:
-                    cursor.fetchall()
-            dbapi.commit()
-    finally:
-        engine.dispose()
 
 
 def issue(url: str, sequence: str) -> int:
