@@ -279,13 +279,16 @@ def watch(urls: dict[str, str], timeline: Timeline, stop: threading.Event,
           every: float = 1.0) -> None:
     """Sample both tiers every ``every`` seconds until ``stop``."""
     while not stop.is_set():
-        at = timeline.since(time.time())
         tiers = {}
         for dc, url in urls.items():
             try:
                 tiers[dc] = tier_figures(url)
             except Exception as error:  # a sample missed is a gap in the plot, not a failure
                 log.warning("sampling %s's tier: %s", dc, error)
+        # Stamped once read: what a sample shows was there at or before ``at`` (stamped
+        # before, a read that outlasted the cut's end was counted in the cut with a refill
+        # that landed after it: "eu1's stock grew in the cut", once).
+        at = timeline.since(time.time())
         with timeline.lock:
             timeline.samples.append(Sample(at, tiers))
         stop.wait(every)
