@@ -27,6 +27,7 @@ from sqlalchemy_tickets import (
     DatacenterTier,
     TicketId,
     TicketServer,
+    TicketServerUnavailable,
     TicketServers,
     retry_session,
 )
@@ -386,3 +387,37 @@ def test_a_block_whose_answer_was_lost_is_burned_never_issued(
             server.close()
             other.close()
     assert warnings_logged() == []
+
+
+def test_a_connection_closed_during_its_handshake_costs_a_pair_nothing(
+    make_database: Callable[[str], str], backend: str, warnings_logged: Callable[[], list[str]]
+) -> None:
+    """A new connection the server accepted and then closed while connecting (a kill that
+    lands on it, a pooler restarting) is not a server down: the call connects again, the pair
+    reports both servers up and backs neither off. A server that closes every new connection
+    is down, within the call's attempts."""
+    urls = [make_database(backend), make_database(backend)]
+    target = make_url(urls[0])
+    with TcpProxy(target.host or "127.0.0.1", target.port or 0) as proxy:
+        first = TicketServer(proxy.url(urls[0]), timeout=TIMEOUT)
+        pair = TicketServers([first, TicketServer(urls[1], timeout=TIMEOUT)])
+        try:
+            proxy.drop_new_connections(1)
+            ids = [pair.next_id("photos") for _ in range(4)]
+            assert proxy.faults_fired == 1
+            assert len(set(ids)) == 4
+            assert {(s["up"], s["failures"]) for s in pair.status()} == {(True, 0)}
+            assert warnings_logged() == []
+
+            kill_connections(urls[0])
+            proxy.drop_new_connections(1)  # the pooled connection dead, then the new one
+            assert first.next_id("photos") not in ids
+            assert proxy.faults_fired == 2
+
+            kill_connections(urls[0])
+            proxy.drop_new_connections(100)
+            with pytest.raises(TicketServerUnavailable, match="failed to connect"):
+                first.next_id("photos")
+            assert 2 < proxy.faults_fired < 100
+        finally:
+            pair.close()

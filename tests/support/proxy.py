@@ -122,7 +122,8 @@ class TcpProxy:
       delivered if the proxy goes back to :meth:`forward`; further bytes stay unread in the
       kernel. A chunk already past the gate when ``hang()`` is called may still be delivered.
 
-    :meth:`swallow_reply_after` arms a one-shot fault that drops a server reply.
+    :meth:`swallow_reply_after` arms a one-shot fault that drops a server reply;
+    :meth:`drop_new_connections` closes the next new connections during their handshake.
     """
 
     def __init__(self, target_host: str, target_port: int, listen_host: str = "127.0.0.1"):
@@ -139,6 +140,7 @@ class TcpProxy:
         self._marker: bytes | None = None
         self._then_hang = False
         self._faults_fired = 0
+        self._drop_new = 0
         self._connections_accepted = 0
         self._closed = False
 
@@ -154,7 +156,8 @@ class TcpProxy:
 
     @property
     def faults_fired(self) -> int:
-        """How many replies :meth:`swallow_reply_after` has dropped."""
+        """How many replies :meth:`swallow_reply_after` and :meth:`drop_new_connections`
+        have dropped."""
         with self._lock:
             return self._faults_fired
 
@@ -232,6 +235,13 @@ class TcpProxy:
             self._then_hang = then_hang
             for conn in self._conns:
                 conn.c2s_tail = b""
+
+    def drop_new_connections(self, count: int) -> None:
+        """Close each of the next ``count`` accepted connections at the server's first bytes
+        (dropped): a connection the server accepted and then closed during its handshake, as
+        a kill, a reaper or a pooler's restart does."""
+        with self._lock:
+            self._drop_new = count
 
     def close(self) -> None:
         """Stop all threads and close every socket; idempotent."""
@@ -340,6 +350,9 @@ class TcpProxy:
                 return
             self._connections_accepted += 1
             conn = _Connection(client)
+            if self._drop_new > 0:
+                self._drop_new -= 1
+                conn.swallow_next_reply = True
             self._conns.add(conn)
             self._spawn_locked(self._serve, conn, f"TcpProxy-c2s-{self._port}")
 

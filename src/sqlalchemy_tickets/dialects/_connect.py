@@ -424,9 +424,12 @@ class OwnEngine:
                 tokens.append(watchdog.arm(fd, self.timeout))
 
     @contextmanager
-    def _connecting(self) -> Iterator[None]:
+    def _connecting(self, *, again: bool = False) -> Iterator[None]:
         """Bound the checkout of a new connection: the driver's connect timeout covers the
-        connect, the watchdog the dialect's first queries on it."""
+        connect, the watchdog the dialect's first queries on it. With ``again``, a new
+        connection closed during its handshake (by a server that accepted it: an operator's
+        kill, a reaper, a pooler's restart) raises :class:`StaleConnection` for the caller to
+        try once more, as for a pooled connection closed under a unit of work."""
         pending: dict[int, list[int]] = getattr(_local, "connecting", None) or {}
         _local.connecting = pending
         tokens = pending[id(self)] = []
@@ -436,16 +439,23 @@ class OwnEngine:
             # raw_connection() raises the driver's own errors, connect() wraps them.
             cut = not all([watchdog.disarm(t) for t in tokens])
             tokens.clear()
+            if again and not cut and self._closed_while_connecting(error):
+                raise StaleConnection() from error
             raise self._error(error, cut, connecting=True) from error
         finally:
             for token in tokens:
                 watchdog.disarm(token)
             del pending[id(self)]
 
-    def _checkout(self) -> Any:
-        """A pooled DBAPI connection (``PoolProxiedConnection``), its connect bounded."""
-        with self._connecting():
+    def _checkout(self, *, again: bool = False) -> Any:
+        """A pooled DBAPI connection (``PoolProxiedConnection``), its connect bounded
+        (``again``: see :meth:`_connecting`)."""
+        with self._connecting(again=again):
             return self.engine.raw_connection()
+
+    def _closed_while_connecting(self, error: BaseException) -> bool:
+        """Whether a failed connect was a connection the server accepted and then closed."""
+        return self.backend.is_dropped(getattr(error, "orig", None) or error)
 
     def arm(self, dbapi_connection: Any, seconds: float | None = None) -> int | None:
         """Start the clock on a unit of work on ``dbapi_connection`` (``seconds``: what is
@@ -500,7 +510,14 @@ class OwnEngine:
         reopened = False
         closed = 0
         while True:
-            conn = self._checkout()
+            try:
+                conn = self._checkout(
+                    again=closed + 1 < CLOSED_ATTEMPTS and time.monotonic() < deadline)
+            except StaleConnection as error:
+                closed += 1
+                logger.debug("%s: a new connection was closed while connecting (%s); "
+                             "again", self, error.__cause__)
+                continue
             left = deadline - time.monotonic()
             cursor = None
             token = None
@@ -604,7 +621,7 @@ class OwnEngine:
         With ``again`` (:meth:`run`), a connection found closed under the unit before the
         deadline raises :class:`StaleConnection` instead, for ``run`` to try again.
         """
-        with self._connecting():
+        with self._connecting(again=again):
             conn = self.engine.connect()
         dbapi_connection = conn.connection.dbapi_connection
         left = None if deadline is None else max(deadline - time.monotonic(), 0.0)

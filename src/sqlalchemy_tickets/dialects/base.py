@@ -526,6 +526,12 @@ class TicketBackend(BackendConnections):
         refused connection, a timeout, a deadlock, a serialization failure."""
         return False
 
+    def is_dropped(self, error: BaseException) -> bool:
+        """Whether a DBAPI error raised while connecting says a server that accepted the
+        connection closed it (an operator's kill, a reaper, a pooler's restart), as opposed to
+        a connection refused, unreachable or timed out (the server is down)."""
+        return False
+
     def is_conflict(self, error: BaseException) -> bool:
         """Whether a DBAPI error says a single statement in autocommit lost a write conflict
         and was rolled back whole (so running it again is safe): a deadlock, a failed Galera

@@ -385,6 +385,11 @@ class MySQLBackend(TicketBackend):
     def is_missing_table(self, error: BaseException) -> bool:
         return _error_code(error) == _NO_SUCH_TABLE
 
+    def is_dropped(self, error: BaseException) -> bool:
+        # 2013 lost connection, 2006 gone away, 1927 killed (MariaDB), 4031 idle timeout.
+        return type(error).__module__.startswith(_DRIVER_MODULES) and _error_code(
+            error) in (2006, 2013, 1927, 4031)
+
     def is_denied(self, error: BaseException) -> bool:
         # 1044: no access to the database; 1142: command denied on a table (CREATE, say).
         return _error_code(error) in (1044, 1142)

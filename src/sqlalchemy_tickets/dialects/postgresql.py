@@ -284,6 +284,15 @@ class PostgreSQLBackend(ReturningBackend):
             type(error).__module__.startswith(_DRIVER_MODULES)
         )
 
+    def is_dropped(self, error: BaseException) -> bool:
+        if not type(error).__module__.startswith(_DRIVER_MODULES):
+            return False
+        code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        # 57P01: terminated by an administrator (pg_terminate_backend); without a SQLSTATE,
+        # the socket closed under libpq (a pooler or proxy restarting).
+        return code == "57P01" or (
+            code is None and "server closed the connection unexpectedly" in str(error))
+
     def refuses_transactions(self, error: BaseException | None) -> bool:
         # PgBouncer in statement pooling answers BEGIN with a protocol violation and closes;
         # older psycopg releases report it as a lost connection, without the SQLSTATE.
