@@ -155,7 +155,11 @@ def sequence_status(
                    if behind is not None else "")
                 + "; running processes move it above what they issued, new ones refuse until "
                 f"`{sync_command(servers[i].url.render_as_string(), table.sequence, table.bits)}`"
-                f" (N >= {above:,}, the highest id in use)"
+                # What this database shows is from before it went back: ids above it may have
+                # been issued since, and only the tables they went to know them.
+                f", N above every id issued before it went back: the largest key of the "
+                f"tables this sequence serves (this database shows only {above:,}, and "
+                "ids above that may have been issued before it went back)"
             )
         out.append(
             SequenceStatus(

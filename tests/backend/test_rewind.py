@@ -747,6 +747,9 @@ def test_status_flags_a_restored_identity_until_sync(
     assert header.split()[-1] == "identity"
     assert row.split()[1] == "photos" and row.split()[-1] == "CHANGED"
     assert "identity changed" in status.stderr and "--above" in status.stderr
+    # 11..20 were issued before the restore: the advice never names the restored 10 as enough.
+    assert "largest key of the tables this sequence serves" in status.stderr
+    assert "N >= 10" not in status.stderr and "N above every id issued" in status.stderr
     (shown,) = json.loads(run("status", "--url", url, "--json").stdout)
     assert shown["identity"] and shown["identity_now"]
     assert shown["identity"] != shown["identity_now"]

@@ -7,6 +7,11 @@ clients drawing ids, the standby promoted, and the clients follow through a mult
 the promotion (a new timeline, the same cluster and table) is recognised as a failover that
 lost nothing — no margin jump, no ``RewindError`` in a fresh process. An asynchronous replica
 promoted the same way is a rewind (see ``test_rewind.py``).
+
+What the library trusts is the replication as it was when the primary failed, not as it was
+when a table was first seen: synchronous replication turned off at run time (what Patroni's
+non-strict synchronous mode does when its standby fails), a quorum, or replication made
+synchronous after the table was first seen, each tried here against a real promotion.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from psycopg import sql
 
-from sqlalchemy_tickets import TicketServer
+from sqlalchemy_tickets import CachedSource, RewindError, TicketServer
+from sqlalchemy_tickets.sources import _server_guard
 from support.rewind import PgPair, pg_connect, start_postgresql_pair
 
 #: Long scenarios: run once per make test (see the ``slow`` marker).
@@ -32,23 +39,58 @@ THREADS = 4
 
 @pytest.fixture
 def pair() -> Iterator[PgPair]:
+    """A primary and its streaming standby, asynchronous until a test says otherwise, with
+    database ``tickets``."""
     workdir = Path(tempfile.mkdtemp(prefix="tickets-sync-"))
     shutil.chown(workdir, "postgres", "postgres")
     try:
         with start_postgresql_pair(workdir) as started:
+            started.wait_streaming()
             with pg_connect(started.primary.url) as conn:
-                conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
-                conn.execute("SELECT pg_reload_conf()")
-                deadline = time.monotonic() + 30
-                while conn.execute(
-                    "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'"
-                ).fetchone() != (1,):
-                    assert time.monotonic() < deadline, "the standby never became synchronous"
-                    time.sleep(0.05)
                 conn.execute("CREATE DATABASE tickets")
             yield started
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _standby_name(pair: PgPair) -> str:
+    with pg_connect(pair.primary.url) as conn:
+        row = conn.execute("SELECT application_name FROM pg_stat_replication").fetchone()
+    assert row is not None, "the standby is not streaming"
+    return str(row[0])
+
+
+def _set_standbys(pair: PgPair, spec: str, *, wait_sync: bool = True) -> None:
+    """``synchronous_standby_names = spec`` on the primary (``{}``: the standby's quoted
+    name), reloaded; with ``wait_sync``, once the standby is synchronous."""
+    value = spec.format(f'"{_standby_name(pair)}"') if spec else ""
+    with pg_connect(pair.primary.url) as conn:
+        conn.execute(sql.SQL("ALTER SYSTEM SET synchronous_standby_names = {}").format(
+            sql.Literal(value)))
+        conn.execute("SELECT pg_reload_conf()")
+        deadline = time.monotonic() + 30
+        while wait_sync and conn.execute(
+            "SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')"
+        ).fetchone() != (1,):
+            assert time.monotonic() < deadline, "the standby never became synchronous"
+            time.sleep(0.05)
+        # Each backend applies a reload at its next statement: one that shows it.
+        while conn.execute("SHOW synchronous_standby_names").fetchone() != (value,):
+            assert time.monotonic() < deadline, "the reload never applied"
+            time.sleep(0.05)
+
+
+def _recorded(url: str) -> tuple[int, int | None, int]:
+    """The stamp row of sequence ``photos``: ``(synchronous, lease or None, the server's clock)``."""
+    with pg_connect(url) as conn:
+        row = conn.execute(
+            "SELECT synchronous, last_id, "
+            "CAST(FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) AS BIGINT) "
+            "FROM tickets_stamps WHERE name = 'tickets__photos'"
+        ).fetchone()
+    assert row is not None
+    synchronous, last_id, clock = row
+    return synchronous, -last_id if last_id is not None and last_id < 0 else None, clock
 
 
 def _multi_host_url(pair: PgPair) -> str:
@@ -60,6 +102,7 @@ def _multi_host_url(pair: PgPair) -> str:
 
 
 def test_failover_to_a_synchronous_standby_issues_no_id_twice(pair: PgPair) -> None:
+    _set_standbys(pair, "{}")
     url = _multi_host_url(pair)
     server = TicketServer(url, timeout=2.0)
     got: list[int] = []
@@ -129,3 +172,117 @@ def test_failover_to_a_synchronous_standby_issues_no_id_twice(pair: PgPair) -> N
         assert after.start > max(got)
     finally:
         fresh.close()
+
+
+#: The lease in these tests (ms): short, so that a hold is seen through within a test.
+LEASE_MS = 4_000
+
+
+def _fresh_processes_refuse(url: str) -> None:
+    """A process started now, uncached or cached, knows no id in use: ``RewindError``."""
+    for fresh in (TicketServer(url), CachedSource(TicketServer(url))):
+        try:
+            with pytest.raises(RewindError):
+                fresh.next_id("photos")
+        finally:
+            fresh.close()
+
+
+@pytest.fixture
+def short_lease(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_server_guard, "SYNC_LEASE_MS", LEASE_MS)
+
+
+@pytest.mark.usefixtures("short_lease")
+def test_synchronous_replication_turned_off_holds_ids_until_its_lease_ran_out(
+    pair: PgPair,
+) -> None:
+    """Patroni's non-strict synchronous mode, by hand: the standby goes, the primary stops
+    waiting for it, ids go on; the primary dies and the lagging standby is promoted. The ids
+    issued after the standby went are not on it, and its record still says synchronous: the
+    process that issued them held them until that record's lease ran out, so the promotion,
+    noticed after it, is a possible rewind — healed above what that process issued, refused
+    (``RewindError``) by fresh processes, which know of no id in use. Never 101 again."""
+    _set_standbys(pair, "{}")
+    url = _multi_host_url(pair)
+    primary_url, replica_url = pair.database_urls("tickets")
+    server = TicketServer(url, timeout=3 * LEASE_MS / 1000)
+    try:
+        assert list(server.next_block("photos", 100)) == list(range(1, 101))
+        synchronous, lease, _ = _recorded(primary_url)
+        assert synchronous == 1 and lease is not None
+
+        pair.cut_replication()
+        _set_standbys(pair, "", wait_sync=False)
+        _, lease_now, before = _recorded(primary_url)
+        assert lease_now is not None and lease_now >= lease
+        started = time.monotonic()
+        later = server.next_block("photos", 500)
+        waited = time.monotonic() - started
+        assert list(later) == list(range(101, 601))
+        # Not one of them went out before the lease ran out, by the primary's clock.
+        assert waited >= (lease_now - before) / 1000
+        synchronous, _, _ = _recorded(primary_url)
+        assert synchronous == 0
+
+        pair.crash_primary()
+        pair.promote()
+        assert _recorded(replica_url)[0] == 1  # the standby never saw the change
+
+        _fresh_processes_refuse(url)
+        healed = server.next_block("photos", 5)
+        assert healed.start > 600
+        assert server.stats()["rewinds"] == 1
+    finally:
+        server.close()
+
+
+@pytest.mark.usefixtures("short_lease")
+def test_a_quorum_is_not_trusted_to_have_lost_nothing(pair: PgPair) -> None:
+    """``ANY 1 (standby, other)``: a commit waits for one of two standbys; the one promoted
+    may not be it. The library records the replication as not protecting its commits, and the
+    promotion is a possible rewind (here the standby did have every commit: a margin is the
+    price of not knowing)."""
+    _set_standbys(pair, "ANY 1 ({}, other)")
+    url = _multi_host_url(pair)
+    primary_url, _ = pair.database_urls("tickets")
+    server = TicketServer(url, timeout=10.0)
+    try:
+        ids = list(server.next_block("photos", 100))
+        assert _recorded(primary_url)[:2] == (0, None)
+        pair.crash_primary()
+        pair.promote()
+        _fresh_processes_refuse(url)
+        assert server.next_id("photos") > max(ids)
+        assert server.stats()["rewinds"] == 1
+    finally:
+        server.close()
+
+
+@pytest.mark.usefixtures("short_lease")
+def test_replication_made_synchronous_while_a_process_runs_is_trusted_at_the_next_failover(
+    pair: PgPair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process first saw the table with asynchronous replication (as a new primary is
+    right after a failover); the standby is made synchronous since. The process notices and
+    records it, so a failover after that loses nothing and is trusted: no heal, no margin."""
+    monkeypatch.setattr(_server_guard, "SYNC_RECHECK", 0.0)
+    url = _multi_host_url(pair)
+    primary_url, _ = pair.database_urls("tickets")
+    server = TicketServer(url, timeout=10.0)
+    try:
+        first = list(server.next_block("photos", 10))
+        assert _recorded(primary_url)[:2] == (0, None)
+        _set_standbys(pair, "{}")
+        more = list(server.next_block("photos", 10))
+        synchronous, lease, clock = _recorded(primary_url)
+        assert synchronous == 1 and lease is not None and lease > clock
+        pair.crash_primary()
+        pair.promote()
+        after = list(server.next_block("photos", 10))
+        assert after[0] == more[-1] + 1 or after[0] > more[-1]
+        assert after[-1] < 1_000_000, "healed: the failover was not trusted"
+        assert server.stats()["rewinds"] == 0
+        assert not set(after) & set(first + more)
+    finally:
+        server.close()

@@ -99,6 +99,22 @@ class TableInfo:
     last_id: int | None
 
 
+#: How long a failover may be trusted to have lost nothing after the last time every commit
+#: was known to wait for the standbys that may be promoted (``Identity.trusted_until``): longer
+#: than a failover takes, renewed well before it runs out (``SYNC_RENEWAL``). A database whose
+#: replication stops protecting its commits issues nothing until the lease it recorded ran
+#: out (``docs/rewinds.md``).
+SYNC_LEASE_MS = 90_000
+#: Seconds between a process's renewals of the leases of a database it issues from (each
+#: renews those a third through: a lease has two thirds of its time left, or more).
+SYNC_RENEWAL = 5.0
+#: Seconds between looks at the replication of a table whose commits do not wait for its
+#: standbys (until one shows they do, a failover is a possible rewind).
+SYNC_RECHECK = 30.0
+#: How far two database servers' clocks may disagree (each side of a lease is moved by it).
+CLOCK_SKEW_MS = 1_000
+
+
 @dataclass(frozen=True)
 class Identity:
     """What a ticket table is, as far as a restore or a failover can change it.
@@ -106,8 +122,8 @@ class Identity:
     ``lineage`` is what a failover keeps (PostgreSQL's ``system_identifier``), ``era`` what it
     moves (PostgreSQL's timeline; MySQL/MariaDB's ``@@server_id``), ``table`` what a restore
     changes (PostgreSQL's table OID, MySQL/MariaDB's table creation time, SQLite's root page).
-    ``synchronous``: every commit on this database waited for a standby, so a failover to it
-    lost no issued block.
+    ``synchronous``: every commit on this database waits, now, for every standby that may be
+    promoted (read live); recorded, that it did when the lease was last renewed.
     """
 
     lineage: str
@@ -117,26 +133,53 @@ class Identity:
     #: What the backend's take compares to be sure it still writes this table (see
     #: :meth:`TicketBackend.identity_guards`); not recorded.
     guard: tuple[Any, ...] = field(default=(), compare=False)
+    #: Read live: the database's clock then, in milliseconds since the epoch.
+    clock: int | None = field(default=None, compare=False)
+    #: Recorded: until when (database clock, ms) a failover may be trusted to have lost
+    #: nothing, if ``synchronous``; while it runs, nothing is issued from asynchronous commits.
+    trusted_until: int | None = field(default=None, compare=False)
 
     @property
     def stamp(self) -> str:
         """The identity as recorded in the stamp table (``synchronous`` apart)."""
         return f"{self.lineage}|{self.era}|{self.table}"
 
+    @property
+    def prefix(self) -> str:
+        """What the stamps of every table of this database and era start with."""
+        return f"{self.lineage}|{self.era}|"
+
     @classmethod
-    def from_stamp(cls, stamp: str, synchronous: bool) -> Identity:
+    def from_stamp(
+        cls, stamp: str, synchronous: bool, trusted_until: int | None = None
+    ) -> Identity:
         lineage, _, rest = stamp.partition("|")
         era, _, table = rest.partition("|")
-        return cls(lineage, era, table, synchronous)
+        return cls(lineage, era, table, synchronous, trusted_until=trusted_until)
 
     def same(self, other: Identity) -> bool:
         return self.stamp == other.stamp
 
+    def leased(self, clock: int | None) -> bool:
+        """Whether this recorded identity's lease still runs at ``clock`` (a live reading of
+        the database's clock), with the clocks' possible disagreement against it."""
+        return (
+            self.trusted_until is not None
+            and clock is not None
+            and clock + CLOCK_SKEW_MS < self.trusted_until
+        )
+
     def promoted_from(self, other: Identity) -> bool:
-        """Whether this is ``other`` after a failover to a synchronous standby: the same
-        database and table, a new era, and ``other`` waited for its standby on every commit."""
+        """Whether this (live) is ``other`` (recorded) after a failover that lost nothing: the
+        same database and table, a new era, and every commit on the old primary waited for
+        every standby that may be promoted, up to a moment that, by this server's clock, has
+        not passed yet (its lease). Whether the old primary's last writes are here is a
+        property of its replication when it failed, which only that lease speaks for: a
+        setting emptied since, a quorum, or a failover noticed after the lease ran out is a
+        possible rewind."""
         return (
             other.synchronous
+            and other.leased(self.clock)
             and self.lineage == other.lineage
             and self.table == other.table
             and self.era != other.era

@@ -199,9 +199,9 @@ class TicketBackend(BackendConnections):
         the database's error propagates (:meth:`is_missing_table` says so)."""
         t = self.stamp_table()
         row = connection.execute(
-            sa.select(t.c.stamp, t.c.synchronous).where(t.c.name == table.name)
+            sa.select(t.c.stamp, t.c.synchronous, t.c.last_id).where(t.c.name == table.name)
         ).first()
-        return None if row is None or not row[0] else Identity.from_stamp(row[0], bool(row[1]))
+        return None if row is None or not row[0] else _recorded(*row)
 
     def record_stamp(
         self,
@@ -216,7 +216,7 @@ class TicketBackend(BackendConnections):
         values = {
             "stamp": identity.stamp,
             "synchronous": int(identity.synchronous),
-            "last_id": last_id,
+            "last_id": _lease_or(identity, last_id),
         }
         connection.execute(self.insert_seed(t, {"name": table.name, **values}))
         connection.execute(sa.update(t).where(t.c.name == table.name).values(**values))
@@ -478,12 +478,12 @@ class TicketBackend(BackendConnections):
         names = sorted({table.name for table in tables})
         for start in range(0, len(names), MANY):
             rows = connection.execute(
-                sa.select(t.c.name, t.c.stamp, t.c.synchronous)
+                sa.select(t.c.name, t.c.stamp, t.c.synchronous, t.c.last_id)
                 .where(t.c.name.in_(names[start : start + MANY]))
             ).all()
-            for name, stamp, synchronous in rows:
+            for name, stamp, synchronous, last_id in rows:
                 if stamp:
-                    found[name] = Identity.from_stamp(stamp, bool(synchronous))
+                    found[name] = _recorded(stamp, synchronous, last_id)
         return found
 
     def record_stamps(
@@ -498,7 +498,8 @@ class TicketBackend(BackendConnections):
         t = self.stamp_table()
         rows = [
             {"k_name": table.name, "v_stamp": identity.stamp,
-             "v_synchronous": int(identity.synchronous), "v_last": last_id}
+             "v_synchronous": int(identity.synchronous),
+             "v_last": _lease_or(identity, last_id)}
             for table, (identity, last_id) in stamps.items()
         ]
         seed = self.insert_seed(t, {
@@ -525,6 +526,18 @@ class TicketBackend(BackendConnections):
         """Whether a DBAPI error of this backend's driver is one a retry can cure: a lost or
         refused connection, a timeout, a deadlock, a serialization failure."""
         return False
+
+    #: Whether this backend's identities can say their commits wait for the standbys (the
+    #: identity of a table that does not is read again now and then: it may start to).
+    replicates_synchronously: ClassVar[bool] = False
+
+    def renew_leases(
+        self, connection: sa.Connection, live: Identity, lease_ms: int
+    ) -> None:
+        """Move the lease of every ticket table of ``live``'s database and era that records a
+        synchronous identity to ``lease_ms`` past the database's clock (never back), while
+        its replication is still what ``live`` saw: committed, as every commit is then, only
+        once the standbys have it. Nothing where replication cannot be synchronous."""
 
     def is_dropped(self, error: BaseException) -> bool:
         """Whether a DBAPI error raised while connecting says a server that accepted the
@@ -660,3 +673,17 @@ def lock_key(table: TicketTable) -> int:
 def _select_row(t: sa.Table) -> sa.sql.Executable:
     columns = [t.c.id] + ([t.c.increment, t.c.offset] if "increment" in t.c else [])
     return sa.select(*columns).where(t.c.stub == "a")
+
+
+def _recorded(stamp: str, synchronous: Any, last_id: int | None) -> Identity:
+    """A ticket table's identity as its stamp row records it. Its ``last_id`` holds the lease
+    of a synchronous failover as a negative number of milliseconds (ids are never negative,
+    so a row an older release wrote, with the table's last id there, holds no lease)."""
+    lease = -last_id if last_id is not None and last_id < 0 else None
+    return Identity.from_stamp(stamp, bool(synchronous), lease)
+
+
+def _lease_or(identity: Identity, last_id: int | None) -> int | None:
+    """What a ticket table's stamp row keeps in ``last_id`` (see :func:`_recorded`)."""
+    return -identity.trusted_until if identity.trusted_until is not None else last_id
+

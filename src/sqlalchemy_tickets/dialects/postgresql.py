@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, Dialect
 
 from .._naming import TicketTable
+from ._clock import db_now_ms
 from ._connect import bounded_call
 from ._registry import register_backend
 from .base import (
@@ -62,22 +64,74 @@ _EXISTING = sa.text(
 #: name. ``pg_control_checkpoint()`` lags behind a promotion until the next checkpoint.
 _TIMELINE = "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"
 
+#: The replication settings a commit waits by, and the server's clock (ms): see
+#: :func:`protects`.
+_REPLICATION = (
+    "current_setting('synchronous_standby_names'), current_setting('synchronous_commit'), "
+    "CAST(FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) AS BIGINT)"
+)
+
 #: A table's identity, readable by an unprivileged user: the cluster (a failover keeps it), the
-#: timeline (a promotion moves it), the table's OID (a restore changes it), and whether every
-#: commit waits for a synchronous standby.
+#: timeline (a promotion moves it), the table's OID (a restore changes it), and what its
+#: commits wait for.
 _IDENTITY = sa.text(
     "SELECT (SELECT system_identifier FROM pg_control_system())::text, "
-    f"{_TIMELINE}, to_regclass(quote_ident(:name))::oid::bigint, "
-    "current_setting('synchronous_standby_names') <> '' AND "
-    "current_setting('synchronous_commit') IN ('on', 'remote_apply', 'remote_write')"
+    f"{_TIMELINE}, to_regclass(quote_ident(:name))::oid::bigint, {_REPLICATION}"
 )
 
 #: :data:`_IDENTITY` without the table: what many tables' identities share.
 _CLUSTER = sa.text(
     "SELECT (SELECT system_identifier FROM pg_control_system())::text, "
-    f"{_TIMELINE}, current_setting('synchronous_standby_names') <> '' AND "
-    "current_setting('synchronous_commit') IN ('on', 'remote_apply', 'remote_write')"
+    f"{_TIMELINE}, {_REPLICATION}"
 )
+
+#: ``synchronous_commit`` levels at which a commit returns only once the synchronous standbys
+#: have its WAL (``remote_write``: written, not yet flushed: it survives the primary's death,
+#: which is what a failover is).
+_WAITING_LEVELS = frozenset({"on", "remote_apply", "remote_write"})
+
+_SYNC_SPEC = re.compile(
+    r"^\s*(?:(?P<method>FIRST|ANY)\s+)?(?P<num>\d+)\s*\((?P<names>.*)\)\s*$",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def protects(standby_names: str, commit_level: str) -> bool:
+    """Whether every commit waits for every standby a failover may promote: the standbys of
+    ``synchronous_standby_names``, all of them required (a single name; ``FIRST n``/``ANY n``
+    of exactly ``n`` names), and a ``synchronous_commit`` level that waits. Not with ``*``
+    (any standby, whichever: another may be promoted), a quorum (``ANY 1 (a, b)``: the one
+    promoted may not have the last commits) or a priority list (``FIRST 1 (a, b)``)."""
+    if commit_level not in _WAITING_LEVELS or not standby_names.strip():
+        return False
+    match = _SYNC_SPEC.match(standby_names)
+    if match is not None:
+        required, listed = int(match.group("num")), match.group("names")
+    else:
+        required, listed = 1, standby_names
+    names = [name.strip() for name in listed.split(",")]
+    # A quoted name may hold a comma: counted as two, the list only looks longer (safe side).
+    return "*" not in names and all(names) and required >= len(names)
+
+
+def _identity(
+    sysid: str, timeline: str, oid: int, standby_names: str, level: str, clock: int
+) -> Identity:
+    synchronous = protects(standby_names, level)
+    guard: tuple[Any, ...] = (int(oid), str(timeline))
+    if synchronous:
+        guard += (standby_names, level)
+    return Identity(f"pg:{sysid}", f"timeline:{int(timeline, 16)}", f"oid:{oid}",
+                    synchronous, guard=guard, clock=int(clock))
+
+
+def _replication_unchanged() -> list[sa.ColumnElement[bool]]:
+    """Conditions that the replication settings are still those of a synchronous identity."""
+    setting = sa.func.current_setting
+    return [
+        setting("synchronous_standby_names") == sa.bindparam("guard_standbys", type_=sa.Text),
+        setting("synchronous_commit") == sa.bindparam("guard_level", type_=sa.Text),
+    ]
 
 
 @register_backend("postgresql")
@@ -90,23 +144,23 @@ class PostgreSQLBackend(ReturningBackend):
     # The take itself refuses a table whose OID or timeline changed: no extra round trip.
     identity_in_block = True
     identity_in_block_complete = True
+    replicates_synchronously = True
 
     def identity(self, cursor: Any, dialect: Dialect, table: TicketTable) -> Identity | None:
         stmt = self.statement(
             dialect, table, "identity", lambda t: _IDENTITY.bindparams(name=t.name)
         )
-        sysid, timeline, oid, synchronous = stmt.execute(cursor).fetchone()
+        sysid, timeline, oid, *replication = stmt.execute(cursor).fetchone()
         if oid is None:
             return None
-        return Identity(f"pg:{sysid}", f"timeline:{int(timeline, 16)}", f"oid:{oid}",
-                        bool(synchronous), guard=(int(oid), str(timeline)))
+        return _identity(sysid, timeline, oid, *replication)
 
     def identities(
         self, cursor: Any, dialect: Dialect, tables: Sequence[TicketTable]
     ) -> dict[TicketTable, Identity | None]:
         if not tables:
             return {}
-        sysid, timeline, synchronous = run(cursor, _CLUSTER, dialect).fetchone()
+        sysid, timeline, *replication = run(cursor, _CLUSTER, dialect).fetchone()
         found: dict[TicketTable, Identity | None] = {}
         for start in range(0, len(tables), MANY):
             part = tables[start : start + MANY]
@@ -119,10 +173,8 @@ class PostgreSQLBackend(ReturningBackend):
             ), dialect).fetchall())
             for table in part:
                 oid_of = rows.get(table.name)
-                found[table] = None if oid_of is None else Identity(
-                    f"pg:{sysid}", f"timeline:{int(timeline, 16)}", f"oid:{oid_of}",
-                    bool(synchronous), guard=(int(oid_of), str(timeline)),
-                )
+                found[table] = None if oid_of is None else _identity(
+                    sysid, timeline, oid_of, *replication)
         return found
 
     def identity_columns(self, name: str) -> list[sa.ColumnElement[Any]]:
@@ -130,8 +182,18 @@ class PostgreSQLBackend(ReturningBackend):
         return [sa.cast(sa.cast(oid, postgresql.OID), sa.BigInteger), sa.literal_column(_TIMELINE)]
 
     def identity_guards(self, identity: Identity) -> dict[str, Any]:
-        oid, timeline = identity.guard
-        return {"guard_table": oid, "guard_timeline": timeline}
+        oid, timeline, *replication = identity.guard
+        guards = {"guard_table": oid, "guard_timeline": timeline}
+        if replication:
+            guards["guard_standbys"], guards["guard_level"] = replication
+        return guards
+
+    def guarded_take(self, identity: Identity) -> tuple[str, Callable[[sa.Table], Any]]:
+        # A synchronous identity's take also refuses once the replication settings moved:
+        # its ids must not go out before the process has looked (``IdentityGuard``).
+        if len(identity.guard) > 2:
+            return "take_guarded_sync", self._synchronous_advance_statement
+        return "take_guarded", self.guarded_advance_statement
 
     def guarded_advance_statement(self, t: sa.Table) -> sa.sql.Executable:
         return (
@@ -142,6 +204,30 @@ class PostgreSQLBackend(ReturningBackend):
                 sa.literal_column(_TIMELINE) == sa.bindparam("guard_timeline", type_=sa.Text),
             )
             .returning(t.c.id)
+        )
+
+    def _synchronous_advance_statement(self, t: sa.Table) -> sa.sql.Executable:
+        stmt = self.guarded_advance_statement(t)
+        assert isinstance(stmt, sa.Update)
+        return stmt.where(*_replication_unchanged())
+
+    def renew_leases(self, connection: sa.Connection, live: Identity, lease_ms: int) -> None:
+        if len(live.guard) <= 2:
+            return
+        t = self.stamp_table()
+        # Negative: see base._recorded. Only leases a third through (the statement stays
+        # cheap however many processes renew), and never back.
+        held = sa.func.coalesce(t.c.last_id, 0)
+        connection.execute(
+            sa.update(t)
+            .where(
+                t.c.synchronous == 1,
+                t.c.stamp.startswith(live.prefix, autoescape=True),
+                held > -(db_now_ms() + lease_ms * 2 // 3),
+                *_replication_unchanged(),
+            )
+            .values(last_id=sa.func.least(held, -(db_now_ms() + lease_ms))),
+            {"guard_standbys": live.guard[2], "guard_level": live.guard[3]},
         )
 
     def connect_with_timeout(

@@ -18,7 +18,7 @@ from ..errors import (
     TicketServerUnavailable,
     UnknownSequenceError,
 )
-from ._server_guard import IdentityGuard, Known
+from ._server_guard import IdentityGuard, Known, leased
 from ._ticket_ddl import TableMaker
 
 logger = logging.getLogger("sqlalchemy_tickets")
@@ -127,12 +127,15 @@ class FirstContact:
                 first_error = first_error or error
                 continue
             stored = recorded.get(table.name)
-            if stored is not None and not live.same(stored):
-                alone.append(sequence)  # changed since recorded: a rewind to judge
+            if stored is not None and (
+                not live.same(stored) or self.guard.to_follow(live, stored)
+            ):
+                alone.append(sequence)  # changed since recorded: a rewind (or more) to judge
                 continue
             if stored is None and stamps.kept:
-                new[table] = (live, info.last_id)
+                new[table] = (leased(live), info.last_id)
             ready.append((sequence, Known(table, info, live, now)))
+            self.guard.seen(live)
         try:
             stamps.record_many(new)
         except sa_exc.IntegrityError:

@@ -75,10 +75,10 @@ def refusal(
     """The :class:`RewindError` for a rewind of ``table`` on ``server``: what was seen, and
     the one command that fixes it."""
     known = max(floors, default=None)
-    above = (
-        f"{known} (the highest id this process knows to be in use) or above"
-        if known is not None
-        else "the highest id ever issued (e.g. max(id) of the tables the sequence serves)"
+    # Never a number as if it were enough: other processes may have issued above it.
+    above = "the highest id ever issued (max(id) of the tables the sequence serves)" + (
+        f", never less than {known} (the highest this process knows of)"
+        if known is not None else ""
     )
     fix = sync_command(url or "URL", table.sequence, table.bits)
     return RewindError(

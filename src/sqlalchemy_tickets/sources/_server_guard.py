@@ -5,6 +5,7 @@ rewind, however many threads see it — or refused with :class:`RewindError`."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -12,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .._naming import TicketTable
+from ..dialects._types import CLOCK_SKEW_MS, SYNC_LEASE_MS, SYNC_RECHECK, SYNC_RENEWAL
 from ..dialects.base import Identity, TableInfo
 from ..errors import TicketsError
 from . import _rewind
@@ -21,6 +23,8 @@ from ._stamps import Stamps
 from ._ticket_db import TicketDatabase
 
 logger = logging.getLogger("sqlalchemy_tickets")
+
+__all__ = ["SYNC_LEASE_MS", "SYNC_RECHECK", "IdentityGuard", "Known", "leased"]
 
 
 @dataclass(eq=False)
@@ -34,6 +38,9 @@ class Known:
     identity: Identity | None = None
     checked: float = 0.0
     epoch: int = 0
+    #: No block of it goes out before this moment (monotonic clock): see
+    #: :meth:`IdentityGuard.follow`.
+    hold_until: float = 0.0
 
 
 @dataclass(eq=False)
@@ -88,6 +95,10 @@ class IdentityGuard:
         self._heals: dict[TicketTable, Heals] = {}
         #: Rewinds healed here.
         self.rewinds = 0
+        #: The last synchronous identity seen here (``None``: the last one seen was not):
+        #: whose replication settings the leases are renewed under.
+        self._lease_from: Identity | None = None
+        self._renew_at = 0.0
 
     def __repr__(self) -> str:
         return repr(self.db)
@@ -117,29 +128,39 @@ class IdentityGuard:
             return False  # no table: the take says so
         rewound = False
         reference = known.identity
+        row: Identity | None = None
         if reference is None:
             # First contact: the recorded identity, or this one recorded (one connection).
-            reference = self.stamps.stored_or_recorded(table, live, known.info.last_id)
-        if reference is None or live.same(reference):
+            reference = row = self.stamps.stored_or_recorded(
+                table, leased(live), known.info.last_id)
+        if reference is None:
             pass
-        elif known.identity is not None and live.same(self.stamps.read(table) or known.identity):
-            # Changed since this process looked, but already vouched for in the database: by
-            # an operator's sync, or by the process that healed it first. This process's own
-            # high-water mark still guards what it issued.
-            logger.info("%s: %s is on %s now, as recorded since", self, table.label, live)
-        elif live.promoted_from(reference):
-            logger.info("%s: %s is on %s now, after a failover to a synchronous standby (was "
-                        "%s): no issued id was lost", self, table.label, live, reference)
-            self.stamps.record(table, live, None)
+        elif live.same(reference):
+            if row is not None or reference.synchronous != live.synchronous:
+                self.follow(known, live, row if row is not None else self.stamps.read(table))
         else:
-            # A rewind, whoever heals it: a block taken before this check is burned.
-            self.rewound(known, f"its identity changed from {reference} to {live} "
-                         "(restored from a backup, or a replica promoted)", live=live,
-                         heals_seen=heals)
-            rewound = True
+            if row is None:
+                row = self.stamps.read(table)
+            if known.identity is not None and row is not None and live.same(row):
+                # Changed since this process looked, but already vouched for in the database:
+                # by an operator's sync, or by the process that healed it first. This
+                # process's own high-water mark still guards what it issued.
+                logger.info("%s: %s is on %s now, as recorded since", self, table.label, live)
+                self.follow(known, live, row)
+            elif row is not None and live.promoted_from(row):
+                logger.info("%s: %s is on %s now, after a failover to a synchronous standby "
+                            "(was %s): no issued id was lost", self, table.label, live, row)
+                self.stamps.record(table, leased(live), None)
+            else:
+                # A rewind, whoever heals it: a block taken before this check is burned.
+                self.rewound(known, f"its identity changed from {reference} to {live} "
+                             "(restored from a backup, or a replica promoted)", live=live,
+                             heals_seen=heals)
+                rewound = True
         known.identity = live
         known.checked = time.monotonic()
         known.epoch = epoch
+        self.seen(live)
         return rewound
 
     def check_many(self, knowns: Sequence[Known]) -> bool:
@@ -150,11 +171,67 @@ class IdentityGuard:
         epoch, now = self.db.own.connections, time.monotonic()
         for known in knowns:
             live = lives.get(known.table)
-            if live is not None and known.identity is not None and live.same(known.identity):
+            seen = known.identity
+            if (live is not None and seen is not None and live.same(seen)
+                    and live.synchronous == seen.synchronous):
                 known.checked, known.epoch = now, epoch
             else:
                 changed = self.check(known) or changed
         return changed
+
+    # -- synchronous replication --------------------------------------------------------------
+
+    @staticmethod
+    def to_follow(live: Identity, row: Identity | None) -> bool:
+        """Whether the replication of a table whose identity ``live`` is as ``row`` records
+        asks :meth:`follow` for more than a plain first contact."""
+        if row is None:
+            return live.synchronous
+        return live.synchronous != row.synchronous or (
+            not live.synchronous and _hold_ms(live, row) > 0)
+
+    def follow(self, known: Known, live: Identity, row: Identity | None) -> None:
+        """Keep the table's record of its replication true to ``live``. Synchronous now (every
+        commit waits for every standby that may be promoted) where the record says not: the
+        record says so, with a lease (committed as every commit now is: once the standbys
+        have it). Not synchronous where the record still trusts a failover: the record says
+        not, and no block goes out until the lease the standbys may hold ran out — a failover
+        before then would trust a standby that never saw those blocks."""
+        table = known.table
+        if live.synchronous:
+            if row is None or not row.synchronous:
+                logger.info("%s: every commit of %s waits for its standbys now: a failover "
+                            "will be trusted to lose nothing", self, table.label)
+                self.stamps.record(table, leased(live), None)
+            return
+        if row is None:
+            return
+        if row.synchronous:
+            logger.info("%s: the commits of %s no longer wait for every standby that may be "
+                        "promoted: a failover is a possible rewind from now on", self,
+                        table.label)
+            self.stamps.record(table, dataclasses.replace(
+                live, trusted_until=row.trusted_until), None)
+        wait = _hold_ms(live, row) / 1000
+        if wait > 0:
+            known.hold_until = max(known.hold_until, time.monotonic() + wait)
+            logger.info("%s: %s issues again in %.1f s, once a failover can no longer be "
+                        "trusted to have lost nothing", self, table.label, wait)
+
+    def seen(self, live: Identity) -> None:
+        """Note the replication ``live`` shows: the leases are renewed while it waits for
+        the standbys (and not after a table showed that it no longer does)."""
+        self._lease_from = live if live.synchronous else None
+
+    def renew(self) -> None:
+        """Renew the leases of this database's synchronous tables (one statement, at most
+        every ``SYNC_RENEWAL`` seconds, and only while this process saw its commits wait)."""
+        live = self._lease_from
+        now = time.monotonic()
+        if live is None or now < self._renew_at or not self.stamps.kept:
+            return
+        self._renew_at = now + SYNC_RENEWAL
+        self.db.own.run(lambda conn: self.db.backend.renew_leases(conn, live, SYNC_LEASE_MS))
 
     def floors(self, table: TicketTable) -> list[int]:
         """What is known to be issued or in use, from this process and outside the database."""
@@ -245,6 +322,21 @@ class IdentityGuard:
             live = self.db.identity(table)
         if live is not None:
             # Vouched for as it is now: other processes need not heal it again.
-            self.stamps.record(table, live, target)
+            self.stamps.record(table, leased(live), target)
             known.identity = live
         return live
+
+
+def leased(live: Identity) -> Identity:
+    """``live`` to record: with a lease from its clock if its commits wait for the standbys."""
+    if not live.synchronous or live.clock is None:
+        return live
+    return dataclasses.replace(live, trusted_until=live.clock + SYNC_LEASE_MS)
+
+
+def _hold_ms(live: Identity, row: Identity) -> int:
+    """How long (ms) nothing may go out of a table whose commits no longer wait for its
+    standbys, by ``live``'s clock: until ``row``'s lease ran out on every server's clock."""
+    if row.trusted_until is None or live.clock is None:
+        return 0
+    return max(0, row.trusted_until + CLOCK_SKEW_MS - live.clock)

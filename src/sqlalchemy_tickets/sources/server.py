@@ -37,11 +37,11 @@ from ..errors import (
     TicketServerUnavailable,
     UnknownSequenceError,
 )
-from . import _rewind
+from . import _rewind, _server_guard
 from ._contacts import PAUSED_OFFSET, FirstContact
 from ._marks import Marks
 from ._rewind import DEFAULT_REWIND_MARGIN, RewindPolicy
-from ._server_guard import IdentityGuard, Known
+from ._server_guard import IdentityGuard, Known, leased
 from ._stamps import Stamps
 from ._ticket_db import TicketDatabase
 from ._ticket_ddl import TableMaker
@@ -247,6 +247,7 @@ class TicketServer:
             known = self._first_contact(sequence, bits)
         elif self._due(known):
             self.guard.check(known)
+        self.guard.renew()
         table = known.table
         with self.marks.gate.taking():
             for _ in range(_MISS_RETRIES):
@@ -277,12 +278,32 @@ class TicketServer:
     def _due(self, known: Known) -> bool:
         """Whether ``known``'s identity is due a check before its next block: a new connection
         since the last one, or (where the take cannot check it whole) the interval passed."""
+        since = time.monotonic() - known.checked
         return known.epoch != self.own.connections or (
-            not self.backend.identity_in_block_complete
-            and time.monotonic() - known.checked >= self.identity_interval
+            not self.backend.identity_in_block_complete and since >= self.identity_interval
+        ) or (
+            # Synchronous replication turned on: recorded once seen (its take refuses when it
+            # is turned off).
+            self.backend.replicates_synchronously and since >= _server_guard.SYNC_RECHECK
+            and known.identity is not None and not known.identity.synchronous
         )
 
+    def _held(self, known: Known) -> None:
+        """Wait until blocks of ``known`` may go out (see ``IdentityGuard.follow``), or raise
+        :class:`TicketServerUnavailable` if that is beyond the call's time."""
+        wait = known.hold_until - time.monotonic()
+        if wait <= 0:
+            return
+        if wait > self.own.timeout:
+            raise TicketServerUnavailable(
+                f"{known.table.label} on {self} issues again in {wait:.1f} s: its commits "
+                "stopped waiting for every standby that may be promoted, and a failover "
+                "before then would be trusted to have lost nothing"
+            )
+        time.sleep(wait)
+
     def _take_block(self, known: Known, count: int) -> range:
+        self._held(known)
         try:
             last = self.db.take(known.table, count, known.info, known.identity)
         except UnknownSequenceError:
@@ -441,6 +462,10 @@ class TicketServer:
         not serve: its caller goes the long way)."""
         if any(self._due(known) for known, _ in wanted):
             self.guard.check_many([k for k, _ in wanted])
+        self.guard.renew()
+        now = time.monotonic()
+        if any(known.hold_until > now for known, _ in wanted):
+            return [None] * len(wanted)  # the long way, which waits
         out: list[range | None] = []
         with self.marks.gate.taking():
             marks = [self.marks.of(known.table) for known, _ in wanted]
@@ -476,7 +501,7 @@ class TicketServer:
         live = self.db.identity(table)
         if live is not None:
             info = self.db.describe(table)
-            self.stamps.record(table, live, info.last_id if info is not None else None)
+            self.stamps.record(table, leased(live), info.last_id if info is not None else None)
         return live
 
     def identities(self, sequence: str | None, *, bits: int = 64) -> tuple[
@@ -638,6 +663,7 @@ class TicketServer:
                 if count > left:
                     raise self._exhausted(table, count, left)
             # The row is there now, with room: take again.
+            self._held(known)
             last = self.db.take(table, count, stride)
             if last is not None:
                 return stride, int(last)
