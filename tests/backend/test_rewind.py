@@ -205,7 +205,9 @@ def test_a_running_cache_over_a_server_never_repeats_an_id_after_a_restore_in_pl
             ids.extend(cache.next_block("photos", 50))
             assert time.monotonic() < deadline
         put_back(url, backup)
-        assert last_id(url) == dumped
+        # The database went back (unless the cache's background refill already met the
+        # restored counter and healed it, which also says it went back).
+        assert last_id(url) == dumped or server.stats()["rewinds"] >= 1
 
         # Keep drawing until ids come from blocks taken after the restore (healed ones, above
         # the margin): the cache's blocks in hand are used up and refilled from the server.

@@ -3,9 +3,9 @@
 and the refusal is logged at WARNING once per rewind, not once per refill retry nor once per
 layer it crosses (the retries say it at INFO).
 
-Rewinds are real: the ticket table's row set back far below what was issued (each refused
-refill burns a block, so each retry's refusal names other ids), or the database restored from
-its dump (``pg_dump``/``mariadb-dump``, a replaced SQLite file).
+Rewinds are real: the ticket table's row set back far below what was issued, or the database
+restored from its dump (``pg_dump``/``mariadb-dump``, a replaced SQLite file). A process that
+refused keeps refusing, without taking blocks, until an operator's ``sync`` moves the sequence.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from sqlalchemy_tickets import (
     TicketServer,
     TicketServerUnavailable,
 )
-from support.rewinding import put_back, set_back, snapshot
+from support.cli import run
+from support.rewinding import assert_distinct, put_back, set_back, snapshot
 
 ALL = ("sqlite", "postgresql", "mysql")
 
@@ -132,3 +133,33 @@ def test_a_cache_over_a_tier_over_a_restored_server_refuses_at_once_and_logs_it_
         cache.close()
         tier.close()
         server.close()
+
+
+@pytest.mark.backend(*ALL)
+def test_a_refusing_process_keeps_refusing_until_an_operator_syncs(
+    backend: str, make_database: Callable[[str], str]
+) -> None:
+    """Two processes issued, in turns; the row is set back below both. The one that refuses
+    knows only its own ids: each refusal used to burn a block, and once the burned blocks
+    walked the sequence past its own highest id it issued again, unsynced, on the other's.
+    Now it refuses without taking until an operator's ``sync --above`` moves the sequence."""
+    url = make_database(backend)
+    refusing = TicketServer(url, on_rewind="refuse")
+    other = TicketServer(url)
+    try:
+        issued = []
+        for _ in range(3):
+            issued += list(refusing.next_block("photos", 10))
+            issued += list(other.next_block("photos", 10))
+        assert_distinct(issued)  # 1..60, the other's last block 51..60
+        set_back(url, 10)
+        for _ in range(20):  # 20 burned blocks of 10 would have reached 211
+            with pytest.raises(RewindError):
+                refusing.next_block("photos", 10)
+        synced = run("sync", "--url", url, "--above", str(max(issued)), "photos")
+        assert synced.returncode == 0, synced.stderr
+        after = refusing.next_block("photos", 10)
+        assert after.start > max(issued)
+    finally:
+        refusing.close()
+        other.close()

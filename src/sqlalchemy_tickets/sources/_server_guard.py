@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from .._naming import TicketTable
 from ..dialects._types import CLOCK_SKEW_MS, SYNC_LEASE_MS, SYNC_RECHECK, SYNC_RENEWAL
 from ..dialects.base import Identity, TableInfo
-from ..errors import TicketsError
+from ..errors import RewindError, TicketsError
 from . import _rewind
 from ._marks import Marks
 from ._rewind import RewindPolicy
@@ -99,6 +99,8 @@ class IdentityGuard:
         #: whose replication settings the leases are renewed under.
         self._lease_from: Identity | None = None
         self._renew_at = 0.0
+        #: Tables refused, with the floor they were refused below: see :meth:`refusing`.
+        self._refused: dict[TicketTable, tuple[int, int | None, str]] = {}
 
     def __repr__(self) -> str:
         return repr(self.db)
@@ -233,6 +235,29 @@ class IdentityGuard:
         self._renew_at = now + SYNC_RENEWAL
         self.db.own.run(lambda conn: self.db.backend.renew_leases(conn, live, SYNC_LEASE_MS))
 
+    def refuses(self, table: TicketTable) -> bool:
+        """Whether ``table`` was refused below a floor (:meth:`refusing` says until when)."""
+        return table in self._refused
+
+    def refusing(self, table: TicketTable) -> None:
+        """Raise :class:`RewindError` again for a table this process refused below a floor,
+        without taking a block, until the sequence's next id is above that floor (an operator's
+        ``sync --above``, or another process's heal). Taking would burn a block each call,
+        and enough of them walk the sequence past this process's floor but not past ids other
+        processes issued: it would resume, unsynced, on theirs."""
+        refused = self._refused.get(table)
+        if refused is None:
+            return
+        floor, left_at, message = refused
+        info = self.db.describe(table)
+        last = info.last_id if info is not None else None
+        # At the floor: the next id is above it, unless the refused take itself left it there.
+        if last is None or last < floor or (last == left_at == floor):
+            raise RewindError(message)
+        with self._lock:
+            self._refused.pop(table, None)
+        logger.info("%s: %s is above %d now: issuing again", self, table.label, floor)
+
     def floors(self, table: TicketTable) -> list[int]:
         """What is known to be issued or in use, from this process and outside the database."""
         high = self.marks.high(table)
@@ -293,7 +318,13 @@ class IdentityGuard:
         table = known.table
         floors = self.floors(table)
         if self.policy == "refuse" or not floors:
-            raise _rewind.refusal(repr(self), self._url, table, seen, floors)
+            refusal = _rewind.refusal(repr(self), self._url, table, seen, floors)
+            if floors:
+                info = self.db.describe(table)
+                with self._lock:
+                    self._refused[table] = (
+                        max(floors), info.last_id if info is not None else None, str(refusal))
+            raise refusal
         floor = max(floors)
         target = min(floor + self.margin * known.info.increment, table.max_id)
         self.db.raise_above(table, target)

@@ -249,6 +249,7 @@ class TicketServer:
             self.guard.check(known)
         self.guard.renew()
         table = known.table
+        self.guard.refusing(table)
         with self.marks.gate.taking():
             for _ in range(_MISS_RETRIES):
                 # Read before the take: a block taken concurrently may land first and be
@@ -464,8 +465,8 @@ class TicketServer:
             self.guard.check_many([k for k, _ in wanted])
         self.guard.renew()
         now = time.monotonic()
-        if any(known.hold_until > now for known, _ in wanted):
-            return [None] * len(wanted)  # the long way, which waits
+        if any(known.hold_until > now or self.guard.refuses(known.table) for known, _ in wanted):
+            return [None] * len(wanted)  # the long way, which waits or refuses
         out: list[range | None] = []
         with self.marks.gate.taking():
             marks = [self.marks.of(known.table) for known, _ in wanted]
