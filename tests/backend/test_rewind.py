@@ -197,6 +197,7 @@ def test_a_running_cache_over_a_server_never_repeats_an_id_after_a_restore_in_pl
     try:
         ids = draw(cache, 200)
         backup = snapshot(url, tmp_path / "backup")
+        # At or above the dump's counter: the cache's background refills go on meanwhile.
         dumped = last_id(url)
         assert dumped is not None
         # The cache hands out ids past the dump point: the restored counter offers them again.
@@ -205,9 +206,9 @@ def test_a_running_cache_over_a_server_never_repeats_an_id_after_a_restore_in_pl
             ids.extend(cache.next_block("photos", 50))
             assert time.monotonic() < deadline
         put_back(url, backup)
-        # The database went back (unless the cache's background refill already met the
-        # restored counter and healed it, which also says it went back).
-        assert last_id(url) == dumped or server.stats()["rewinds"] >= 1
+        # The database went back (unless a background refill already met the restored
+        # counter and healed it, which also says it went back).
+        assert last_id(url) <= dumped or server.stats()["rewinds"] >= 1
 
         # Keep drawing until ids come from blocks taken after the restore (healed ones, above
         # the margin): the cache's blocks in hand are used up and refilled from the server.
