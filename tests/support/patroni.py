@@ -374,6 +374,13 @@ class PatroniCluster:
         the replica's Patroni promotes it (:meth:`wait_new_leader`)."""
         leader = self.leader
         assert leader is not None, "no leader to kill"
+        if not leader.holds_leader_key():
+            # Patroni moved the lead by itself (a starved leader lost its key): the scenario
+            # the caller set up (a held replica behind this leader) is not there any more.
+            raise AssertionError(
+                f"{leader.name} no longer holds the leader key: "
+                f"{[(node.name, node.status()) for node in self.nodes]!r}"
+            )
         leader.kill()
         killed_at = time.monotonic()
         leader.proxy.close()
@@ -600,6 +607,8 @@ def _start_etcd(workdir: Path, timeout: float) -> ServerProcess:
     etcd = _etcd_binary()
 
     def make(client_port: int) -> ServerProcess:
+        # A new member each attempt: nothing of one that could not bind its ports is kept.
+        shutil.rmtree(workdir / "data", ignore_errors=True)
         peer = f"http://127.0.0.1:{free_port()}"
         client = f"http://127.0.0.1:{client_port}"
         argv = [
