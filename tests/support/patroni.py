@@ -121,14 +121,15 @@ def patroni_unavailable_reason() -> str | None:
     a start that cannot work.
     """
     try:
-        _etcd_binary()
-        _patroni_binary()
-        _postgresql_bindir()
+        binaries = [_etcd_binary(), _patroni_binary(), str(_postgresql_bindir() / "postgres")]
     except ServerStartError as error:
         return (
             f"{error} (Debian: apt-get install patroni etcd-server postgresql; "
             "`make test` installs them)"
         )
+    for binary in binaries:  # an override ($TICKETS_PATRONI...) is taken as given: check it
+        if shutil.which(binary) is None:
+            return f"{binary} is not an executable"
     if os.geteuid() == 0:
         try:
             pwd.getpwnam(os.environ.get("TICKETS_PG_OS_USER", "postgres"))
