@@ -59,7 +59,7 @@ LOWEST_PYTHON ?= $(shell for p in python$(LOWEST_PYTHON_VERSION) \
 	"$$p" -c 'import sys; assert sys.version.startswith("$(LOWEST_PYTHON_VERSION).")' \
 	2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: demo test installed suite suite-1 suite-2 lowest pgbouncer galera zookeeper driver-deps lint bench clean
+.PHONY: demo test installed suite suite-1 suite-2 lowest pgbouncer galera zookeeper patroni driver-deps lint bench clean
 
 $(BIN)/activate: pyproject.toml | driver-deps
 	$(NEWEST_PYTHON) -m venv $(VENV)
@@ -73,7 +73,7 @@ demo:
 	$(DEMO_VENV)/bin/pip install --quiet .
 	cd $(CURDIR) && $(DEMO_VENV)/bin/sqlalchemy-tickets demo
 
-test: $(BIN)/activate pgbouncer galera zookeeper driver-deps
+test: $(BIN)/activate pgbouncer galera zookeeper patroni driver-deps
 	$(BIN)/mypy
 	$(MAKE) --no-print-directory installed
 	$(MAKE) --no-print-directory --jobs=$(SUITE_JOBS) --output-sync=target $(SUITE_RUNS) lowest
@@ -137,6 +137,16 @@ zookeeper:
 	  echo "installing ZooKeeper (Debian package zookeeper) for the ZooKeeper tests"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq && apt-get install -y -qq zookeeper; }
+
+# The Patroni test fails a PostgreSQL pair over with Patroni 3.0 on a one-member etcd 3.4, from
+# Debian's packages: $TICKETS_PATRONI and $TICKETS_ETCD, else patroni and etcd on PATH. The test
+# starts an etcd of its own on free ports, so a packaged etcd service, where one runs, is no bother.
+patroni:
+	@{ test -n "$$TICKETS_PATRONI" || command -v patroni >/dev/null; } && \
+	  { test -n "$$TICKETS_ETCD" || command -v etcd >/dev/null; } || { \
+	  echo "installing Patroni and etcd (Debian packages patroni etcd-server) for the Patroni test"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq patroni etcd-server; }
 
 # mysqlclient, a test dependency, compiles against the MariaDB client library, which it finds
 # through pkg-config: Debian's packages libmariadb-dev and pkg-config.
