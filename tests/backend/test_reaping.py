@@ -27,8 +27,8 @@ from sqlalchemy_tickets import (
     DatacenterTier,
     TicketId,
     TicketServer,
-    TicketServerUnavailable,
     TicketServers,
+    TicketServerUnavailable,
     retry_session,
 )
 from sqlalchemy_tickets.sources.default import embedded_source

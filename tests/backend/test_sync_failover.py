@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from psycopg import sql
 
 from sqlalchemy_tickets import CachedSource, RewindError, TicketServer
 from sqlalchemy_tickets.sources import _server_guard
@@ -53,35 +52,8 @@ def pair() -> Iterator[PgPair]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _standby_name(pair: PgPair) -> str:
-    with pg_connect(pair.primary.url) as conn:
-        row = conn.execute("SELECT application_name FROM pg_stat_replication").fetchone()
-    assert row is not None, "the standby is not streaming"
-    return str(row[0])
-
-
-def _set_standbys(pair: PgPair, spec: str, *, wait_sync: bool = True) -> None:
-    """``synchronous_standby_names = spec`` on the primary (``{}``: the standby's quoted
-    name), reloaded; with ``wait_sync``, once the standby is synchronous."""
-    value = spec.format(f'"{_standby_name(pair)}"') if spec else ""
-    with pg_connect(pair.primary.url) as conn:
-        conn.execute(sql.SQL("ALTER SYSTEM SET synchronous_standby_names = {}").format(
-            sql.Literal(value)))
-        conn.execute("SELECT pg_reload_conf()")
-        deadline = time.monotonic() + 30
-        while wait_sync and conn.execute(
-            "SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')"
-        ).fetchone() != (1,):
-            assert time.monotonic() < deadline, "the standby never became synchronous"
-            time.sleep(0.05)
-        # Each backend applies a reload at its next statement: one that shows it.
-        while conn.execute("SHOW synchronous_standby_names").fetchone() != (value,):
-            assert time.monotonic() < deadline, "the reload never applied"
-            time.sleep(0.05)
-
-
 def _recorded(url: str) -> tuple[int, int | None, int]:
-    """The stamp row of sequence ``photos``: ``(synchronous, lease or None, the server's clock)``."""
+    """The stamp row of sequence ``photos``: ``(synchronous, lease or None, the clock)``."""
     with pg_connect(url) as conn:
         row = conn.execute(
             "SELECT synchronous, last_id, "
@@ -102,7 +74,7 @@ def _multi_host_url(pair: PgPair) -> str:
 
 
 def test_failover_to_a_synchronous_standby_issues_no_id_twice(pair: PgPair) -> None:
-    _set_standbys(pair, "{}")
+    pair.set_standbys("{}")
     url = _multi_host_url(pair)
     server = TicketServer(url, timeout=2.0)
     got: list[int] = []
@@ -203,7 +175,7 @@ def test_synchronous_replication_turned_off_holds_ids_until_its_lease_ran_out(
     process that issued them held them until that record's lease ran out, so the promotion,
     noticed after it, is a possible rewind — healed above what that process issued, refused
     (``RewindError``) by fresh processes, which know of no id in use. Never 101 again."""
-    _set_standbys(pair, "{}")
+    pair.set_standbys("{}")
     url = _multi_host_url(pair)
     primary_url, replica_url = pair.database_urls("tickets")
     server = TicketServer(url, timeout=3 * LEASE_MS / 1000)
@@ -213,7 +185,7 @@ def test_synchronous_replication_turned_off_holds_ids_until_its_lease_ran_out(
         assert synchronous == 1 and lease is not None
 
         pair.cut_replication()
-        _set_standbys(pair, "", wait_sync=False)
+        pair.set_standbys("", wait_sync=False)
         _, lease_now, before = _recorded(primary_url)
         assert lease_now is not None and lease_now >= lease
         started = time.monotonic()
@@ -243,7 +215,7 @@ def test_a_quorum_is_not_trusted_to_have_lost_nothing(pair: PgPair) -> None:
     may not be it. The library records the replication as not protecting its commits, and the
     promotion is a possible rewind (here the standby did have every commit: a margin is the
     price of not knowing)."""
-    _set_standbys(pair, "ANY 1 ({}, other)")
+    pair.set_standbys("ANY 1 ({}, other)")
     url = _multi_host_url(pair)
     primary_url, _ = pair.database_urls("tickets")
     server = TicketServer(url, timeout=10.0)
@@ -273,7 +245,7 @@ def test_replication_made_synchronous_while_a_process_runs_is_trusted_at_the_nex
     try:
         first = list(server.next_block("photos", 10))
         assert _recorded(primary_url)[:2] == (0, None)
-        _set_standbys(pair, "{}")
+        pair.set_standbys("{}")
         more = list(server.next_block("photos", 10))
         synchronous, lease, clock = _recorded(primary_url)
         assert synchronous == 1 and lease is not None and lease > clock

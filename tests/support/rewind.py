@@ -456,6 +456,34 @@ class PgPair:
             lambda: "disconnected (a WAL receiver is still running)",
         )
 
+    def set_standbys(self, spec: str, *, wait_sync: bool = True,
+                     timeout: float = WAIT_TIMEOUT) -> None:
+        """``synchronous_standby_names = spec`` on the primary (``{}`` in it: the replica's
+        quoted name, as ``pg_stat_replication`` shows it), reloaded; with ``wait_sync``,
+        returns once the replica is a synchronous (or quorum) standby."""
+        from psycopg import sql
+
+        value = ""
+        if spec:
+            name = _pg_scalar(self.primary.url, "SELECT application_name FROM pg_stat_replication")
+            assert name is not None, "the replica is not streaming"
+            value = spec.format(f'"{name}"')
+        with pg_connect(self.primary.url) as conn:
+            conn.execute(sql.SQL("ALTER SYSTEM SET synchronous_standby_names = {}").format(
+                sql.Literal(value)))
+            conn.execute("SELECT pg_reload_conf()")
+
+        def applied() -> bool:
+            with pg_connect(self.primary.url) as conn:
+                # Each backend applies a reload at its next statement: a new one shows it.
+                shown = conn.execute("SHOW synchronous_standby_names").fetchone()
+                synced = conn.execute(
+                    "SELECT count(*) FROM pg_stat_replication "
+                    "WHERE sync_state IN ('sync', 'quorum')").fetchone()
+            return bool(shown == (value,) and (not wait_sync or synced == (1,)))
+
+        _wait(applied, timeout, lambda: f"synchronous_standby_names = {value!r} in force")
+
     def crash_primary(self) -> None:
         """SIGKILL the primary's whole process group (postmaster and backends)."""
         self.primary.kill()
