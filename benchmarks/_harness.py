@@ -542,13 +542,15 @@ def pyplot() -> Any:
 
 
 def figure(panels: int, title: str, env: Mapping[str, Any], note: str = RATIO_NOTE, *,
-           width: float = 6.0, height: float = 5.0) -> tuple[Any, list[Any]]:
-    """A figure of ``panels`` side-by-side axes, a title, and a footnote ending in the load."""
+           width: float = 6.0, height: float = 5.0, **adjust: float) -> tuple[Any, list[Any]]:
+    """A figure of ``panels`` side-by-side axes, a title, and a footnote ending in the load;
+    ``adjust``: ``subplots_adjust`` keywords in place of the defaults."""
     fig, axes = pyplot().subplots(1, panels, figsize=(width * panels + 1, height), squeeze=False)
     fig.suptitle(title, fontsize=12)
     fig.text(0.01, 0.01, f"{note}; load avg {env.get('load_average_at_start')} at start",
              fontsize=7.5, color="dimgray")
-    fig.subplots_adjust(left=0.3 / panels + 0.08, right=0.97, wspace=0.8, bottom=0.14, top=0.86)
+    fig.subplots_adjust(**{"left": 0.3 / panels + 0.08, "right": 0.97, "wspace": 0.8,
+                           "bottom": 0.14, "top": 0.86, **adjust})
     return fig, list(axes[0])
 
 
@@ -604,8 +606,7 @@ def value_panel(ax: Any, values: Mapping[str, float], title: str, unit: str, *,
     ax.barh(range(len(values)), list(values.values()), color="tab:green", alpha=0.7)
     for y, value in enumerate(values.values()):
         ax.annotate(f"{value:,.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}", (value, y),
-                    xytext=(3, -3),
-                    textcoords="offset points", fontsize=8)
+                    xytext=(3, -3), textcoords="offset points", fontsize=8)
     finish(ax, list(values), title, log_scale)
 
 

@@ -106,7 +106,7 @@ def plot(results: dict[str, Any], env: dict[str, Any]) -> Any:
     the warm-up shaded grey, the burst orange."""
     fig, axes = h.figure(4, "A tenfold burst through CachedSource(TicketServer(db), supply=2 s, "
                          "window=5 s)", env, "one process, real time; stats() every 100 ms",
-                         width=4.5)
+                         width=4.5, left=0.05, wspace=0.3)
     marks = [s["t"] for s in next(iter(results.values()))["samples"] if "phase" in s]
     for ax, key in zip(axes, ("block_size", "in_hand", "round_trips", "blocking_waits"),
                        strict=True):
@@ -118,7 +118,6 @@ def plot(results: dict[str, Any], env: dict[str, Any]) -> Any:
         ax.set_title(key.replace("_", " "), fontsize=10)
         ax.set_xlabel("seconds", fontsize=9)
     axes[0].legend(fontsize=7)
-    fig.subplots_adjust(left=0.05, wspace=0.3)
     return fig
 
 

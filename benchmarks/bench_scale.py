@@ -160,13 +160,12 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
 
 def draw(env: dict[str, Any], results: dict[str, Any]) -> Any:
     fig, axes = h.figure(6, "Many sequences in one process, by S (a process per point)", env,
-                         width=4.0)
+                         width=4.0, left=0.04, wspace=0.35)
     for ax, (key, (title, unit, goal)) in zip(axes, PANELS.items(), strict=True):
         h.line_panel(ax, {f"{h.LABELS[b]}: {layout}": [(int(s), float(row[key])) for s, row in
                                                         rows.items() if "error" not in row]
                           for b, layouts in results.items() for layout, rows in layouts.items()},
                      title, unit, "sequences S", goal=goal)
-    fig.subplots_adjust(left=0.04, wspace=0.35)
     return fig
 
 

@@ -118,13 +118,12 @@ def compare(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 def draw(env: dict[str, Any], results: dict[str, Any], procs: list[int]) -> Any:
     fig, axes = h.figure(3, "Datacenter tier: takes of one sequence by P processes at once, "
-                         "baseline vs new (medians over rounds)", env, width=4.6,
-                         note="variants alternated, the first swapped each round")
+                         "baseline vs new (medians over rounds)", env, width=4.6, left=0.06,
+                         wspace=0.3, note="variants alternated, the first swapped each round")
     for ax, key, unit in zip(axes, KEYS, ("takes/s", "ms", "ms"), strict=True):
         h.line_panel(ax, {f"{h.LABELS[b]}, {v}": [(p, by_p[str(p)][v][key]) for p in procs]
                           for b, by_p in results.items() for v in VARIANTS},
                      key.replace("_", " "), unit, "worker processes P", base=2)
-    fig.subplots_adjust(left=0.06, wspace=0.3)
     return fig
 
 
