@@ -96,6 +96,11 @@ def parse_args(doc: str | None, argv: Sequence[str] | None = None,
     return args
 
 
+def ints(text: str) -> list[int]:
+    """An option's comma-separated whole numbers (``--procs 2,8,24``)."""
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
 def rounds(args: argparse.Namespace, full: int) -> int:
     """``--rounds``, else 1 in smoke mode, else the script's ``full``."""
     return int(args.rounds or (1 if args.smoke else full))

@@ -171,12 +171,11 @@ def draw(env: dict[str, Any], results: dict[str, Any]) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = h.parse_args(__doc__, argv, {
-        "--sizes": dict(default=None, help="numbers of sequences, comma-separated"),
+        "--sizes": dict(type=h.ints, default=None, help="numbers of sequences, comma-separated"),
         "--layouts": dict(default="server,tier", help="server,tier"),
         "--lazy": dict(type=int, default=None, help="fresh sequences whose first id is taken "
                        "one at a time")}, backends=("postgresql",))
-    sizes = ([int(x) for x in args.sizes.split(",") if x.strip()] if args.sizes
-             else [10, 50] if args.smoke else [10, 100, 1000, 5000])
+    sizes = args.sizes or ([10, 50] if args.smoke else [10, 100, 1000, 5000])
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     if not sizes or min(sizes) < 1 or not layouts or set(layouts) - set(LAYOUTS):
         raise SystemExit("--sizes takes positive numbers, --layouts names from server,tier")

@@ -129,13 +129,12 @@ def draw(env: dict[str, Any], results: dict[str, Any], procs: list[int]) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = h.parse_args(__doc__, argv, {
-        "--procs": dict(default=None, help="worker counts (default 2,8,24)"),
+        "--procs": dict(type=h.ints, default=None, help="worker counts (default 2,8,24)"),
         "--seconds": dict(type=float, default=None, help="window (default 10)"),
         "--count": dict(type=int, default=1, help="ids per take (default 1)"),
         "--baseline-ref": dict(default="18dfaeb", help="git ref of the baseline")},
         backends=("postgresql", "mysql"))
-    procs = ([int(x) for x in args.procs.split(",")] if args.procs
-             else [2] if args.smoke else [2, 8, 24])
+    procs = args.procs or ([2] if args.smoke else [2, 8, 24])
     seconds, rounds = args.seconds or (1.0 if args.smoke else 10.0), h.rounds(args, ROUNDS)
     results: dict[str, Any] = {}
     checks: dict[str, dict[str, Any]] = {}

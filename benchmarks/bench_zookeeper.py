@@ -119,10 +119,10 @@ def draw(env: dict[str, Any], results: dict[str, Any]) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = h.parse_args(__doc__, argv, {
-        "--procs": dict(default="1,8,24", help="process counts, comma-separated"),
+        "--procs": dict(type=h.ints, default="1,8,24", help="process counts, comma-separated"),
         "--seconds": dict(type=float, default=5.0, help="timed window per run")},
         backends=("postgresql", "mysql"), peers=("kazoo",))
-    procs = [1, 2] if args.smoke else [int(p) for p in args.procs.split(",") if p]
+    procs = [1, 2] if args.smoke else args.procs
     seconds = 1.0 if args.smoke else args.seconds
     with contextlib.ExitStack() as stack:  # the databases dropped, then the ensemble stopped
         ensemble = start_ensemble()
