@@ -305,8 +305,11 @@ class Timings:
         pairs = zip(self.unit(numerator, cpu), self.unit(denominator, cpu), strict=True)
         return [a / b for a, b in pairs]
 
-    def to_json(self) -> dict[str, Any]:
-        return {"run_orders": self.orders, "units_per_run": self.per,
+    def to_json(self, per_unit: str | None = None, scale: float = 1.0) -> dict[str, Any]:
+        """Every raw timing; first, with ``per_unit``, each variant's median time per unit times
+        ``scale`` (1e6: µs) under that key."""
+        medians = {per_unit: {n: self.median(n) * scale for n in self.seconds}} if per_unit else {}
+        return {**medians, "run_orders": self.orders, "units_per_run": self.per,
                 "seconds_per_round": self.seconds, "cpu_seconds_per_round": self.cpu_seconds,
                 "median_seconds_per_unit": {n: self.median(n) for n in self.seconds}}
 
@@ -315,9 +318,7 @@ def interleave(variants: Sequence[Variant], rounds: int, *, warmup: int = 1,
                label: str = "") -> Timings:
     """Time every variant once per round, rotating their order each round (ABC, BCA, CAB...),
     after ``warmup`` untimed rounds (pools, statement caches)."""
-    timings = Timings(per={v.name: v.per for v in variants})
-    for v in variants:
-        timings.seconds[v.name], timings.cpu_seconds[v.name] = [], []
+    timings = Timings.of({v.name: v.per for v in variants})
     for index in range(-warmup, rounds):
         shift = index % len(variants)
         order = list(variants[shift:]) + list(variants[:shift])

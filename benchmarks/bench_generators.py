@@ -69,9 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         timings = h.interleave(chosen, h.rounds(args, 15), label=f"{group}: ")
         ratios = {f"ours/{p}": h.ratio_summary(timings, "ours", p, TARGETS.get(p))
                   for p in made if p != "ours"}
-        results[group] = {"ratios": ratios,
-                          "median_ns_per_id": {v: timings.median(v) * 1e9 for v in made},
-                          **timings.to_json()}
+        results[group] = {"ratios": ratios, **timings.to_json("median_ns_per_id", 1e9)}
     results["snowflake-id None results per run"] = nones
     return h.report(args, NAME, results, parameters={"ids_per_run": n}, log_scale=True,
                     title=f"App-side id generators vs PyPI peers ({n:,} ids per run)", height=7,

@@ -102,9 +102,7 @@ def measure_group(variants: Mapping[str, tuple[str, str]], rounds: int, env: Map
                   label: str) -> tuple[h.Timings, h.Timings, set[str]]:
     """The group's timings as the children measured them (the import alone), the parent's (the
     whole process), and the package files the children imported."""
-    inner, files = h.Timings(per=dict.fromkeys(variants, 1)), set()
-    for name in variants:
-        inner.seconds[name], inner.cpu_seconds[name] = [], []
+    inner, files = h.Timings.of(dict.fromkeys(variants, 1)), set()
 
     def runner(name: str, prelude: str, body: str) -> h.Variant:
         code = CHILD.format(prelude=prelude, body=body, package=PACKAGE)
@@ -145,9 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                 "ratios": ratios,
                 "whole_process_ratios": {f"{a} / {b}": h.ratio_summary(outer, a, b)
                                          for a, b, _ in pairs},
-                "median_ms": {n: inner.median(n) * 1e3 for n in inner.seconds},
                 "median_whole_process_ms": {n: outer.median(n) * 1e3 for n in outer.seconds},
-                **inner.to_json(),
+                **inner.to_json("median_ms", 1e3),
                 "whole_process_seconds_per_round": outer.seconds,
             }
     expected = str(SRC_DIR / PACKAGE / "__init__.py")

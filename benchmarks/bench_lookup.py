@@ -67,8 +67,7 @@ def load_variants(engine: sa.Engine, ids: list[str]) -> list[h.Variant]:
 
 def summary(timings: h.Timings, case: str) -> dict[str, Any]:
     return {"ratio": h.ratio_summary(timings, "lookup", "get", TARGETS[case]),
-            "median_us_per_call": {n: timings.median(n) * 1e6 for n in timings.seconds},
-            **timings.to_json()}
+            **timings.to_json("median_us_per_call", 1e6)}
 
 
 def run_backend(args: Any, backend: str, with_hits: bool) -> dict[str, Any]:

@@ -95,9 +95,7 @@ def run_backend(args: Any, backend: str, units: int, rows: int) -> dict[str, Any
             logging.getLogger("sqlalchemy_tickets").removeHandler(handler)
     return {
         "ratios": {key: h.ratio_summary(timings, a, b, t) for key, (a, b, t) in PAIRS.items()},
-        "median_ms_per_unit": {name: timings.median(name) * 1e3 for name in timings.seconds},
-        "library_warnings": warnings,
-        **timings.to_json(),
+        "library_warnings": warnings, **timings.to_json("median_ms_per_unit", 1e3),
     }
 
 

@@ -119,10 +119,9 @@ def measure(spec: dict[str, Any], conn: Any) -> None:
         ratio = h.ratio_summary(timings, RR, ONE)
         out["warm"] = {
             "ids_per_run": n, "ratio": ratio,
-            "median_ns_per_id": {v: timings.median(v) * 1e9 for v in timings.seconds},
             "per_1000_ids": {v: {k: sum(x[1:]) * 1000 / (n * spec["rounds"])
                                  for k, x in c.items()} for v, c in counts.items()},
-            **timings.to_json(),
+            **timings.to_json("median_ns_per_id", 1e9),
         }
         out["round_robin_over_one"] = ratio["median"]
         out["blocking_waits_per_1000_ids"] = out["warm"]["per_1000_ids"][RR]["blocking_waits"]
