@@ -168,6 +168,27 @@ def tier_contact(dc: str, upstream: Any, sequences: Sequence[str], **settings: A
         tier.wait_idle(30.0)
 
 
+def pair_contact(pair: Sequence[str], sequence: str,
+                 tiers: Mapping[str, Mapping[str, Any]]) -> None:
+    """The sequence's ticket rows on both servers of the global ``pair``, and its first stock in
+    each datacenter ``tiers`` names, at the settings its workers use (:func:`tier_contact`)."""
+    from sqlalchemy_tickets import TicketServers
+
+    with contextlib.closing(TicketServers(pair, timeout=SETUP_TIMEOUT)) as servers:
+        servers.next_id(sequence)
+        servers.next_id(sequence)
+        for dc, settings in tiers.items():
+            tier_contact(dc, servers, [sequence], **settings)
+
+
+def stock(dc: str, sequence: str) -> dict[str, Any]:
+    """The datacenter's stock of ``sequence`` (``describe_datacenter``), as a dict."""
+    from sqlalchemy_tickets.sources.datacenter import describe_datacenter
+
+    found = [s for s in describe_datacenter(dc, timeout=10.0) if s.sequence == sequence]
+    return found[0].as_dict() if found else {"stock": 0, "rate": 0.0, "runway": None}
+
+
 class Base(DeclarativeBase):
     """The declarative base of the scripts' ORM models (a script's process holds its own)."""
 
@@ -292,6 +313,11 @@ class Timings:
     cpu_seconds: dict[str, list[float]] = field(default_factory=dict)
     per: dict[str, int] = field(default_factory=dict)
     orders: list[list[str]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, per: Mapping[str, int]) -> Timings:
+        """No runs yet of the variants ``per`` names, with their units per run."""
+        return cls({n: [] for n in per}, {n: [] for n in per}, dict(per))
 
     def unit(self, name: str, cpu: bool = False) -> list[float]:
         """Seconds per unit (id, call) of each round."""

@@ -57,7 +57,6 @@ from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
 sys.path.insert(0, str(h.REPO_DIR / "tests"))
 from sqlalchemy_tickets import TicketId, TicketServer, TicketServers  # noqa: E402
-from sqlalchemy_tickets.sources.datacenter import describe_datacenter  # noqa: E402
 from support.rewind import FollowingProxy, dump, pg_connect, restore, start_postgresql_pair  # noqa: E402
 from support.servers import ServerProcess, start_private_mariadb  # noqa: E402
 
@@ -206,7 +205,7 @@ def last_id(url: str) -> tuple[int, int]:
 
 
 def stock(dc: str) -> int:
-    return sum(int(s.stock) for s in describe_datacenter(dc, timeout=10.0) if s.sequence == SEQ)
+    return int(h.stock(dc, SEQ)["stock"])
 
 
 def read_db(dc: str, sql: Any) -> list[Any]:
@@ -321,13 +320,9 @@ class Campaign:
 
     def prepare(self) -> list[tuple[int, int]]:
         """Tables and first contact everywhere (set-up timeouts); each global server's last id."""
-        with contextlib.closing(TicketServers([self.a_url, self.b_url],
-                                              timeout=h.SETUP_TIMEOUT)) as pair:
-            pair.next_id(SEQ)
-            pair.next_id(SEQ)
-            for dc in self.dcs:
-                h.Base.metadata.create_all(sa.create_engine(dc, poolclass=sa.pool.NullPool))
-                h.tier_contact(dc, pair, [SEQ], **TIER_OPTIONS)
+        for dc in self.dcs:
+            h.Base.metadata.create_all(sa.create_engine(dc, poolclass=sa.pool.NullPool))
+        h.pair_contact([self.a_url, self.b_url], SEQ, dict.fromkeys(self.dcs, TIER_OPTIONS))
         self.pg.wait_caught_up()
         return [last_id(url) for url in (self.a_url, self.b_url)]
 
