@@ -7,12 +7,9 @@ processes, JSON and plots. A script is ``main(argv)``, a short declaration of wh
         timings = h.interleave(variants, h.rounds(args, 21))
     return h.report(args, NAME, {"x": h.ratio_summary(timings, "a", "b", 1.2)}, title="...")
 
-Speed is only ever a ratio of variants timed side by side in one process, in rounds of rotating
-order, collector off: the figure reported is the **median of the per-round ratios**
-(``benchmarks/README.md``). Every JSON has one shape: ``benchmark``, ``description`` (the
-docstring), ``environment`` (versions, commit, digest of ``src/``, servers' settings, load),
-``parameters`` (with ``smoke``, ``backends``, ``seed``), ``results``, ``checks`` (each
-``{"median", "target", "passed", ...}``) and ``passed``. Only the library's public API is used
+Speed is only ever the **median of per-round ratios** of variants timed side by side in one
+process, order rotated each round, collector off (``benchmarks/README.md``); every JSON has the
+one shape :func:`report` writes. Only the library's public API is used
 (``tests/unit/test_benchmarks_public.py`` checks every file here).
 """
 
@@ -72,7 +69,8 @@ def log(message: str) -> None:
 # -- command line ------------------------------------------------------------------------------
 def parse_args(doc: str | None, argv: Sequence[str] | None = None,
                options: Mapping[str, Mapping[str, Any]] | None = None, *,
-               backends: Sequence[str] = BACKENDS, peers: Sequence[str] = ()) -> argparse.Namespace:
+               backends: Sequence[str] = BACKENDS, peers: Sequence[str] = ()
+               ) -> argparse.Namespace:
     """The options every script takes, and its own (``options``: flag -> ``add_argument``
     keywords). ``doc``, the script's docstring: its first paragraph is the help text, all of it
     goes into the JSON; ``args.env``: the :func:`environment` (``peers``: packages compared)."""
@@ -108,18 +106,17 @@ def rounds(args: argparse.Namespace, full: int) -> int:
 
 # -- databases ---------------------------------------------------------------------------------
 @contextlib.contextmanager
-def throwaway_database(backend: str, server: str | None = None) -> Iterator[URL]:
+def throwaway_database(backend: str) -> Iterator[URL]:
     """A new empty database ``tickets_bench_<hex>``, dropped afterwards whatever happens: SQLite,
-    a file in a new temporary directory; servers, ``CREATE DATABASE`` on ``server``, else the
-    one ``$TICKETS_BENCH_<BACKEND>_URL`` names, then ``DROP DATABASE`` (PostgreSQL ``WITH (FORCE)``:
-    a connection a failed run left must not keep it)."""
+    a file in a temporary directory; servers, on the one ``$TICKETS_BENCH_<BACKEND>_URL`` names
+    (PostgreSQL ``DROP ... WITH (FORCE)``: a connection a failed run left must not keep it)."""
     name = f"tickets_bench_{uuid.uuid4().hex[:12]}"
     log(f"[{backend}] a throwaway database, {name}")
     if backend == "sqlite":
         with tempfile.TemporaryDirectory(prefix="tickets_bench_", ignore_cleanup_errors=True) as d:
             yield URL.create("sqlite", database=os.path.join(d, f"{name}.db"))
         return
-    server_url = make_url(server or os.environ.get(*SERVERS[backend]))
+    server_url = make_url(os.environ.get(*SERVERS[backend]))
     admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
     quoted = admin.dialect.identifier_preparer.quote(name)
     force = " WITH (FORCE)" if backend == "postgresql" else ""
@@ -134,8 +131,7 @@ def throwaway_database(backend: str, server: str | None = None) -> Iterator[URL]
 
 
 def databases(stack: contextlib.ExitStack, *backends: str) -> list[str]:
-    """A throwaway database per name in ``backends``, as URL strings (password kept: worker
-    processes take them), dropped when ``stack`` closes."""
+    """A throwaway database per backend named, as URL strings with passwords, until ``stack``."""
     return [plain(stack.enter_context(throwaway_database(b))) for b in backends]
 
 
@@ -144,20 +140,19 @@ def plain(url: URL | str) -> str:
 
 
 def first_contact(bind: Any, sequences: Sequence[str], *, embedded: bool = False) -> None:
-    """The sequences' ticket tables, stamps and identities made with :data:`SETUP_TIMEOUT`,
-    before any clock starts (``embedded``: where the embedded default of the engine ``bind``
-    keeps them). The sources timed afterwards keep their defaults and meet existing tables."""
+    """The sequences' ticket tables, stamps and identities made with :data:`SETUP_TIMEOUT` before
+    any clock starts (``embedded``: the embedded default's of the engine ``bind``)."""
     from sqlalchemy_tickets import TicketServer
 
-    with contextlib.closing(TicketServer(bind, timeout=SETUP_TIMEOUT, embedded=embedded)) as server:
+    server = TicketServer(bind, timeout=SETUP_TIMEOUT, embedded=embedded)
+    with contextlib.closing(server):
         for sequence in sequences:
             server.next_block(sequence, 1)
 
 
 def tier_contact(dc: str, upstream: Any, sequences: Sequence[str], **settings: Any) -> None:
-    """A datacenter database's tier tables, and the sequences' state rows and first stock made
-    through ``upstream`` by a tier at ``settings`` (those of the tiers timed afterwards), with
-    :data:`SETUP_TIMEOUT` and refills awaited: before any clock starts."""
+    """A datacenter's tier tables and the sequences' first stock, through ``upstream`` by a tier at
+    ``settings`` (those timed afterwards), with :data:`SETUP_TIMEOUT`, before any clock starts."""
     from sqlalchemy_tickets import DatacenterTier
     from sqlalchemy_tickets.sources.datacenter import create_datacenter_tables
 
@@ -195,8 +190,7 @@ class Base(DeclarativeBase):
 
 @contextlib.contextmanager
 def throwaway_engine(backend: str, metadata: sa.MetaData | None = None) -> Iterator[sa.Engine]:
-    """An engine on a :func:`throwaway_database` with ``metadata``'s tables made; disposed at the
-    exit (an embedded default of the engine is closed with it)."""
+    """An engine on a :func:`throwaway_database` with ``metadata``'s tables, disposed at exit."""
     with throwaway_database(backend) as url:
         engine = sa.create_engine(url)
         try:
@@ -236,8 +230,7 @@ def load() -> list[float]:
 
 
 def environment(*peers: str) -> dict[str, Any]:
-    """Versions of everything on the measured path (``peers``: other packages compared), the
-    commit and a digest of ``src/`` (which code was measured), and how busy the machine was."""
+    """Versions on the measured path (``peers``: packages compared), commit, src digest, load."""
     digest = hashlib.sha256()
     for path in sorted((REPO_DIR / "src").rglob("*.py")):
         digest.update(str(path.relative_to(REPO_DIR)).encode() + b"\0" + path.read_bytes())
@@ -258,8 +251,7 @@ def environment(*peers: str) -> dict[str, Any]:
 def loop(call: Callable[..., Any], n: int, *args: Any,
          nones: list[int] | None = None) -> Callable[[Any], None]:
     """A variant's ``run``: ``call(*args)`` ``n`` times, in the cheapest Python loop there is.
-    With ``nones``, for a generator that may return ``None`` (snowflake-id does when a
-    millisecond's ids are spent), ``call()``: each run appends how many it missed to ``nones``."""
+    With ``nones`` (a generator returning ``None``: snowflake-id), each run appends its misses."""
 
     def run(_: Any = None) -> None:
         for _ in repeat(None, n):
@@ -277,9 +269,8 @@ def loop(call: Callable[..., Any], n: int, *args: Any,
 
 @dataclass
 class Variant:
-    """One thing to time. ``setup()`` (untimed) returns what ``run(state)`` (timed) takes;
-    ``teardown(state)`` (untimed) runs after it. ``per``: units (ids, calls) one run makes, so
-    variants making different numbers of them compare per unit."""
+    """One thing to time: ``setup()`` (untimed) returns what ``run(state)`` (timed) takes, then
+    ``teardown(state)`` (untimed). ``per``: units (ids, calls) a run makes, compared per unit."""
 
     name: str
     run: Callable[[Any], Any]
@@ -288,7 +279,8 @@ class Variant:
     per: int = 1
 
 
-def watched(variant: Variant, source: Any, into: list[int], key: str = "blocking_waits") -> Variant:
+def watched(variant: Variant, source: Any, into: list[int], key: str = "blocking_waits"
+            ) -> Variant:
     """``variant`` with ``source``'s refills awaited before each run (untimed) and the growth of
     ``source.stats()[key]`` over each run appended to ``into`` (the warm-up round's first)."""
 
@@ -384,8 +376,7 @@ def ratio_summary(timings: Timings, numerator: str, denominator: str,
 
 
 def check(value: float, target: float, passed: bool | None = None) -> dict[str, Any]:
-    """A check that is not a ratio: ``value`` against ``target`` (a most, unless ``passed``
-    says otherwise)."""
+    """A check that is not a ratio: ``value`` at most ``target``, unless ``passed`` says."""
     return {"median": value, "target": target,
             "passed": value <= target if passed is None else passed}
 
@@ -410,9 +401,8 @@ def timed(call: Callable[..., Any], *args: Any) -> tuple[float, Any]:
 def window(call: Callable[[], Any], start: float, seconds: float,
            catch: type[BaseException] | tuple[type[BaseException], ...] = ()
            ) -> tuple[list[float], list[Any], list[str]]:
-    """``call()`` back to back from the monotonic instant ``start`` (as :meth:`Fleet.go` sends
-    it) for ``seconds``, collector off: each call's latency in seconds and its result, and the
-    ``repr`` of what calls raised of the types ``catch`` (those calls are not timed)."""
+    """``call()`` back to back from the monotonic instant ``start`` (:meth:`Fleet.go`) for
+    ``seconds``, collector off: latencies, results, and ``repr`` of errors of types ``catch``."""
     latencies, results, errors, clock, now = [], [], [], time.perf_counter, time.monotonic
     gc.collect()
     gc.disable()
@@ -434,12 +424,10 @@ def window(call: Callable[[], Any], start: float, seconds: float,
 
 # -- processes ---------------------------------------------------------------------------------
 class Fleet(contextlib.AbstractContextManager):  # type: ignore[type-arg]
-    """Worker processes (``multiprocessing``; ``method`` spawn: fresh interpreters, fork: copies
-    of this one), each running the module-level ``target(spec, conn)`` with a pipe of its own
-    (an exception it raises reaches the parent), started from ``specs`` and by :meth:`start`
-    while others run. :meth:`tell` sends to the workers chosen (default: all), :meth:`hear`
-    receives one message from each (an error, or a worker gone silent, raises). At its exit it
-    gives them ``grace`` seconds to end by themselves, then kills what still runs."""
+    """Worker processes (``method`` spawn or fork), each running the module-level ``target(spec,
+    conn)`` with a pipe of its own (what it raises reaches the parent). :meth:`tell` sends to the
+    workers chosen (default: all), :meth:`hear` receives one message from each (an error or
+    silence raises). At the exit, ``grace`` seconds to end, then what still runs is killed."""
 
     def __init__(self, target: Callable[[Any, Any], None], specs: Sequence[Any] = (), *,
                  method: str = "spawn", grace: float = 0.0) -> None:
@@ -533,9 +521,8 @@ def report(args: argparse.Namespace, name: str, results: Mapping[str, Any], *,
            checks: Mapping[str, Mapping[str, Any]] | None = None, figure: Any = None,
            title: str | None = None, **drawing: Any) -> int:
     """Write ``<out>/<name>.json`` and ``.png`` (``figure``, else with a ``title`` the
-    :func:`ratio_figure` of ``results``), print the verdicts of the checks (every ratio summary
-    with a target in ``results``, and ``checks``); the exit status: 1 only if one failed and
-    ``--strict``."""
+    :func:`ratio_figure` of ``results``), print the verdicts of ``checks`` and of every ratio with
+    a target; the exit status: 1 only if one failed and ``--strict``."""
     checks = {**{k: v for k, v in found(results, "ratios").items() if "target" in v},
               **(checks or {})}
     if figure is None and title is not None:
