@@ -1,13 +1,11 @@
 """ORM flush of 20,000 new rows by primary key: TicketId vs keys set by hand vs native
 auto-increment vs UUIDv4, per backend.
 
-Four models differing only in their key: ``ticket``, ``TicketId("bench")`` with the embedded
-default; ``preset``, a ``BigInteger`` set when the objects are built (no ticket code: the floor
-a ``TicketId`` flush can reach); ``autoinc``, a native auto-increment; ``uuid``, ``sa.Uuid`` with
-``default=uuid.uuid4``. Timed: ``add_all``, ``flush()``, ``commit()`` on a fresh session; 9
-rounds; one more flush per model counts the cursor calls and ticket round trips. Target: ticket
-/ autoinc <= 0.9 on every backend; also ticket / preset (the library's own share), preset /
-autoinc, uuid / autoinc.
+Four models differing only in their key: ``ticket`` (``TicketId("bench")``, embedded default),
+``preset`` (a ``BigInteger`` set when the objects are built: the floor), ``autoinc`` and ``uuid``
+(``uuid.uuid4``). Timed: ``add_all``, ``flush()``, ``commit()``; 9 rounds; one more flush per
+model counts the cursor calls and ticket round trips. Target: ticket / autoinc <= 0.9 on every
+backend; also ticket / preset (the library's own share), preset / autoinc, uuid / autoinc.
 
     .venv/bin/python benchmarks/bench_flush.py [--smoke] [--backends sqlite,postgresql,mysql]
 """

@@ -1,11 +1,9 @@
 """App-side id generators against their PyPI peers, side by side in one process.
 
-Each variant makes 200,000 ids in a plain loop; 15 rounds per group; figures are medians of
-per-round time ratios, ours / peer. Targets: ``SnowflakeId`` (41/10/12) vs ``snowflake-id``
-<= 0.667 (1.5 x its rate; that layout caps a worker at 4,096 ids per ms: ours waits for the next
-millisecond, snowflake-id returns ``None``, counted), and with a 41/6/16 layout (the code's own
-cost); ``UUID7`` vs ``uuid_utils.uuid7`` <= 1.2 (also vs ``uuid_utils.compat``, ``uuid6`` and the
-floor: uuid_utils' integer in the cheapest ``uuid.UUID``); ``PrefixedId("post")`` vs
+200,000 ids a run in a plain loop, 15 rounds per group, ours / peer. Targets: ``SnowflakeId``
+(41/10/12) vs ``snowflake-id`` <= 0.667 (its ``None`` results counted; also a 41/6/16 layout);
+``UUID7`` vs ``uuid_utils.uuid7`` <= 1.2 (also vs ``uuid_utils.compat``, ``uuid6`` and the
+floor, uuid_utils' integer in the cheapest ``uuid.UUID``); ``PrefixedId("post")`` vs
 ``typeid-python`` and ``python-ulid`` < 1.0; ``ObjectId`` vs ``bson.ObjectId``.
 
     .venv/bin/python benchmarks/bench_generators.py [--smoke] [--rounds 15]

@@ -1,13 +1,10 @@
 """Start-up: ``import sqlalchemy_tickets`` against ``import sqlalchemy.orm``, in fresh interpreters.
 
-Every run is a new ``python -c`` process importing this checkout's ``src/``; the time compared is
-the one the child measures around its statements (the whole process's is beside it). Groups,
-each interleaved on its own, 30 rounds (smoke 3, without those marked *): ``import`` —
-``sqlalchemy.orm`` vs ``sqlalchemy_tickets`` (total / total), and both with the collector off *;
-**target <= 1.1**. ``app`` — the imports, a model and ``configure_mappers()``:
-``TicketId("Photos")`` key vs ``BigInteger`` without the library, and with it *. ``alembic`` —
-``import alembic`` with the package's ``alembic.plugins`` entry point vs without it. (Where the
-time goes: ``python -X importtime -c "import sqlalchemy_tickets"``.)
+Each run a new ``python -c`` importing this checkout's ``src/``, timed by the child around its
+statements (the whole process beside it); 30 rounds (smoke 3, without those marked *). Groups:
+``import``, ``sqlalchemy.orm`` vs ``sqlalchemy_tickets`` (**target <= 1.1**), both also with the
+collector off *; ``app``, a model with a ``TicketId`` key vs ``BigInteger`` without the library,
+and with it *; ``alembic``, with and without the package's ``alembic.plugins`` entry point.
 
     .venv/bin/python benchmarks/bench_import.py [--smoke] [--rounds 30] [--strict]
 """

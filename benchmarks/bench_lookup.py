@@ -1,11 +1,9 @@
 """``lookup(session, value)`` against ``session.get(Model, value)`` alone, side by side.
 
-``lookup`` adds a type check, a dict lookup of the prefix and one regex match of the whole id
-to the ``session.get`` it ends in; the key is ``PrefixedId("post")``. ``hit``: every object in
-the identity map, no SQL (the largest share ``lookup`` can be; on the first backend), 20,000
-calls a run, target lookup / get <= 1.5; ``load``: the identity map emptied before each call, a
-``SELECT`` each, every backend, 1,000 calls a run, target <= 1.05. 15 rounds; the client
-CPU-time ratio (``cpu_median``), steadier on a busy machine, is beside.
+``lookup`` adds a type check, a prefix lookup and a regex match to the ``session.get`` it ends
+in; the key is ``PrefixedId("post")``. ``hit``: every object in the identity map (first backend
+only), 20,000 calls a run, target lookup / get <= 1.5; ``load``: a ``SELECT`` per call, 1,000
+calls a run, target <= 1.05. 15 rounds; the client CPU-time ratio beside.
 
     .venv/bin/python benchmarks/bench_lookup.py [--smoke] [--backends sqlite,postgresql,mysql]
 """

@@ -1,12 +1,10 @@
 """What ``retry_session`` costs when nothing fails: a 1,000-row insert unit with and without it.
 
-``work(session)`` adds 1,000 objects with a ``TicketId("bench")`` key. Variants: ``retry``
-(``retry_session(sessionmaker(engine), work)``), ``plain`` (``with Session() as s: work(s);
-s.commit()``) and ``plain A/A`` (the noise floor); ``retry, objs`` / ``plain, objs``, where the
-caller keeps what ``work`` returns (``plain, objs / plain``: the expiry alone); ``retry, no
-expire`` / ``plain, no expire`` with ``expire_on_commit=False``. 5 units per run (smoke 1), rows
-counted after each run, the library's warnings recorded (none expected); 21 rounds. Target:
-retry / plain <= 1.05 on every backend.
+``work(session)`` adds 1,000 objects with a ``TicketId`` key. ``retry``
+(``retry_session(sessionmaker(engine), work)``) vs ``plain`` (``work(s); s.commit()``) and
+``plain A/A`` (the noise floor); ``, objs``: the caller keeps what ``work`` returns; ``, no
+expire``: ``expire_on_commit=False``. 5 units per run, rows counted, the library's warnings
+recorded (none expected); 21 rounds. Target: retry / plain <= 1.05 on every backend.
 
     .venv/bin/python benchmarks/bench_retry.py [--smoke] [--backends sqlite,postgresql,mysql]
 """

@@ -1,15 +1,12 @@
 """Ticket round trips: ``TicketServer.next_id`` / ``next_block(seq, 1000)`` against the bare
 driver running the same take, and what the rewind guard costs in the database.
 
-A ``TicketServer`` with its defaults against the bare driver (sqlite3, psycopg with
-``prepare_threshold=None``, PyMySQL) on a connection of its own in autocommit, running the take
-``docs/rewinds.md`` describes on a one-row table of its own: ``raw``, ``UPDATE bench_raw SET id
-= id + :n WHERE stub = 'a' AND id <= :max AND step = 1 AND lane = 1 RETURNING id`` (MySQL:
-``LAST_INSERT_ID``); ``raw guarded``, with the rewind guard's conditions (PostgreSQL: the
-table's OID and the timeline; MySQL/MariaDB: ``@@server_id`` and the InnoDB table id; SQLite
-checks at an interval instead). 21 rounds of ~0.15 s of raw each, ids issued checked.
-**Target: next_id and next_block(1000) / raw guarded <= 1.2**, what the library adds around its
-statement; ``raw guarded / raw``: the guard's cost per take.
+The bare driver (sqlite3, psycopg with ``prepare_threshold=None``, PyMySQL) in autocommit runs
+the take ``docs/rewinds.md`` describes on a one-row table of its own: ``raw``, ``UPDATE ... SET
+id = id + :n ... RETURNING id`` (MySQL: ``LAST_INSERT_ID``); ``raw guarded``, with the rewind
+guard's conditions (SQLite checks at an interval instead). 21 rounds of ~0.15 s of raw each, ids
+issued checked. **Target: next_id and next_block(1000) / raw guarded <= 1.2**; ``raw guarded /
+raw``: the guard's cost per take.
 
     .venv/bin/python benchmarks/bench_roundtrip.py [--smoke] [--backends sqlite,postgresql,mysql]
 """

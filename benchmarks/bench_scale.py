@@ -1,18 +1,14 @@
 """Many sequences in one process: threads, memory, first contact, per-id cost, blocking waits and
 close, for S sequences.
 
-For each S (default 10, 100, 1,000, 5,000) and layout — ``server``:
-``CachedSource(TicketServer(url))``, ``tier``: ``CachedSource(DatacenterTier(dc_url,
-TicketServer(global_url)))``, sources at their defaults but ``timeout=30`` — a forked process of
-its own on two fresh databases: (1) makes the S tables with ``TicketServer.create_tables``
-(timed apart) and draws 200,000 ids of one sequence, ``warm``; (2) **first contact**:
-``cache.prepare(names)`` and the first id of each, then the first id of ``--lazy`` fresh
-sequences one at a time; (3) **threads** the library started and **RSS growth per sequence**;
-(4) **warm per-id cost**: N = max(20,000, 8 S) ``next_id`` calls per run, round robin over the S
-sequences (each warmed first) vs N on ``warm``, interleaved, blocking waits and round trips per
-1,000 ids counted; (5) **close** of the S + 1 lanes, timed, ids given back and burned. Goals at
-the largest S: <= 8 threads, <= 20 KB per sequence, round robin / one <= 1.5, first contact <=
-5 s, close <= 1 s, 0 blocking waits. ``--smoke``: S = 10, 50, N = 1,000, one round.
+For each S (10, 100, 1,000, 5,000) and layout (``server``: ``CachedSource(TicketServer(url))``,
+``tier``: over ``DatacenterTier(dc_url, TicketServer(global_url))``; ``timeout=30``), a forked
+process on two fresh databases: the S tables made (``create_tables``, timed apart); **first
+contact**, ``prepare(names)`` and each first id, then ``--lazy`` fresh sequences one at a time;
+**threads** and **RSS growth per sequence**; **warm per-id cost**, max(20,000, 8 S) ids round
+robin over S vs on one sequence, interleaved, blocking waits counted; **close**, timed. Goals at
+the largest S: <= 8 threads, <= 20 KB per sequence, round robin / one <= 1.5, first contact <= 5
+s, close <= 1 s, 0 blocking waits. ``--smoke``: S = 10, 50, 1,000 ids a run, one round.
 
     .venv/bin/python benchmarks/bench_scale.py [--smoke] [--sizes 10,100,1000,5000]
         [--layouts server,tier] [--lazy 100] [--rounds 7] [--backends postgresql]

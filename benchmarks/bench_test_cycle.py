@@ -1,6 +1,6 @@
 """An application's test cycle on one database kept for the run (microblog-api, the FastAPI
 template): a new engine, ``create_all``, 20 rows of two models, ``drop_all``,
-``drop_ticket_tables``, ``dispose()`` — ``TicketId`` keys on the embedded default vs
+``drop_ticket_tables``, ``dispose()``; ``TicketId`` keys on the embedded default vs
 auto-increment keys. Target: tickets / auto-increment <= 1.5.
 
     .venv/bin/python benchmarks/bench_test_cycle.py [--smoke] [--backends postgresql,mysql]

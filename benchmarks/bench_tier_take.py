@@ -1,17 +1,13 @@
 """The datacenter tier's take under contention: takes per second one sequence serves, and their
 latency, when P processes take small blocks at once; a baseline commit against this tree.
 
-A take is ``DatacenterTier.next_block(seq, --count)``. ``baseline`` is ``src/`` at
-``--baseline-ref`` (default ``18dfaeb``), ``new`` this tree's; each worker is a fresh interpreter
-with its variant's tree first on ``sys.path``. Each variant has its own databases; for each P
-(``--procs`` 2, 8, 24), ``--rounds`` (3) rounds alternate them after an untimed warm-up. In a
-run, worker 0 stocks ~3,000,000 ids; every worker builds ``DatacenterTier(dc, upstream,
-supply=1, timeout=30)`` (no refill in the window), takes once untimed, then all take in a tight
-loop for ``--seconds`` (10) from one instant. Per run: takes/s, latencies, ``stats()`` deltas
-(0 waits and upstream round trips expected), duplicates (0, else exit 1); per P: medians over
-rounds, new / baseline as medians of per-round ratios. Check (``--strict``): time per take new /
-baseline <= 1 at every P. ``--smoke``: P = 2, 1 s, one round (this tree stands in for a
-baseline the clone lacks).
+A take is ``DatacenterTier.next_block(seq, --count)`` (``supply=1``: no refill in the window).
+``baseline``: ``src/`` at ``--baseline-ref``; ``new``: this tree's; each worker a fresh
+interpreter with its variant's tree first on ``sys.path``, each variant its own databases. Per P,
+``--rounds`` alternate them; in a run worker 0 stocks ~3,000,000 ids, then all take in a tight
+loop for ``--seconds`` from one instant: takes/s, latencies, ``stats()`` deltas (0 waits and
+upstream round trips expected), duplicates (exit 1). ``--strict``: time per take new / baseline
+<= 1 at every P. ``--smoke``: P = 2, 1 s, one round (this tree stands in for a missing baseline).
 
     .venv/bin/python benchmarks/bench_tier_take.py [--smoke] [--procs 2,8,24] [--seconds 10]
         [--count 1] [--rounds 3] [--baseline-ref 18dfaeb] [--backends postgresql,mysql]

@@ -3,15 +3,11 @@ processes against a 3-server ensemble, beside a TicketServer on PostgreSQL and o
 per second through CachedSource(DatacenterTier(..., upstream=ZooKeeperSource)) beside the same
 layers over the Flickr pair; the delay a caller sees when the ensemble's leader is killed.
 
-The ensemble is started here (``tests/support/zookeeper.py``: Debian's ZooKeeper 3.8, 3 JVMs of
-128 MB on loopback, ``tickTime`` 200 ms, fsync on). Part 1: for each P (``--procs``, default
-1,8,24) and each source, P spawned workers (``timeout`` 30 s, one untimed call each) call
-``next_block(seq, 100)`` back to back for ``--seconds`` (default 5) from one start instant;
-blocks/s is all calls ÷ the window, p50/p99 of the pooled latencies. Part 2: one process,
-``next_id`` for ``--seconds`` through ``CachedSource(DatacenterTier(dc, upstream))``, ``dc`` on
-PostgreSQL, upstream the ensemble or ``TicketServers([pg, mariadb])``. Part 3: an uncached
-ZooKeeperSource (``timeout`` 2 s) called back to back, the leader SIGKILLed after 2 s: p99 and
-max latency over the 5 s after, and errors (0 expected; ``--strict``: exit 1 otherwise).
+The ensemble is started here (``tests/support/zookeeper.py``). Part 1: P spawned workers per
+source call ``next_block(seq, 100)`` back to back for ``--seconds`` from one instant: blocks/s,
+p50/p99. Part 2: ``next_id`` ids/s through ``CachedSource(DatacenterTier(dc, upstream))``, over
+the ensemble or ``TicketServers([pg, mariadb])``. Part 3: an uncached ZooKeeperSource called back
+to back, the leader SIGKILLed: latency after, errors (0 expected; ``--strict``: exit 1 if not).
 ``--smoke``: P = 1,2, 1 s.
 
     .venv/bin/python benchmarks/bench_zookeeper.py [--smoke] [--procs 1,8,24] [--seconds 5]
