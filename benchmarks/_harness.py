@@ -66,7 +66,6 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
-# -- command line ------------------------------------------------------------------------------
 def parse_args(doc: str | None, argv: Sequence[str] | None = None,
                options: Mapping[str, Mapping[str, Any]] | None = None, *,
                backends: Sequence[str] = BACKENDS, peers: Sequence[str] = ()
@@ -104,7 +103,6 @@ def rounds(args: argparse.Namespace, full: int) -> int:
     return int(args.rounds or (1 if args.smoke else full))
 
 
-# -- databases ---------------------------------------------------------------------------------
 @contextlib.contextmanager
 def throwaway_database(backend: str) -> Iterator[URL]:
     """A new empty database ``tickets_bench_<hex>``, dropped afterwards whatever happens: SQLite,
@@ -165,8 +163,7 @@ def tier_contact(dc: str, upstream: Any, sequences: Sequence[str], **settings: A
 
 def pair_contact(pair: Sequence[str], sequence: str,
                  tiers: Mapping[str, Mapping[str, Any]]) -> None:
-    """The sequence's ticket rows on both servers of the global ``pair``, and its first stock in
-    each datacenter ``tiers`` names, at the settings its workers use (:func:`tier_contact`)."""
+    """The sequence's rows on both servers of ``pair``, its first stock in each of ``tiers``."""
     from sqlalchemy_tickets import TicketServers
 
     with contextlib.closing(TicketServers(pair, timeout=SETUP_TIMEOUT)) as servers:
@@ -216,7 +213,6 @@ def count_rows(engine: sa.Engine, table: sa.Table) -> int:
         return int(conn.scalar(sa.select(sa.func.count()).select_from(table)) or 0)
 
 
-# -- environment -------------------------------------------------------------------------------
 def git(*args: str) -> str | None:
     try:
         return subprocess.run(["git", *args], cwd=REPO_DIR, capture_output=True, text=True,
@@ -247,7 +243,6 @@ def environment(*peers: str) -> dict[str, Any]:
             "src_sha256": digest.hexdigest(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
-# -- side-by-side timing -----------------------------------------------------------------------
 def loop(call: Callable[..., Any], n: int, *args: Any,
          nones: list[int] | None = None) -> Callable[[Any], None]:
     """A variant's ``run``: ``call(*args)`` ``n`` times, in the cheapest Python loop there is.
@@ -281,8 +276,8 @@ class Variant:
 
 def watched(variant: Variant, source: Any, into: list[int], key: str = "blocking_waits"
             ) -> Variant:
-    """``variant`` with ``source``'s refills awaited before each run (untimed) and the growth of
-    ``source.stats()[key]`` over each run appended to ``into`` (the warm-up round's first)."""
+    """``variant`` with ``source``'s refills awaited before each run and the growth of
+    ``source.stats()[key]`` over each run (the warm-up round's first) appended to ``into``."""
 
     def setup() -> Any:
         source.wait_idle(30.0)
@@ -324,8 +319,7 @@ class Timings:
         return [a / b for a, b in pairs]
 
     def to_json(self, per_unit: str | None = None, scale: float = 1.0) -> dict[str, Any]:
-        """Every raw timing; first, with ``per_unit``, each variant's median time per unit times
-        ``scale`` (1e6: µs) under that key."""
+        """Every raw timing, after the median time per unit times ``scale`` under ``per_unit``."""
         medians = {per_unit: {n: self.median(n) * scale for n in self.seconds}} if per_unit else {}
         return {**medians, "run_orders": self.orders, "units_per_run": self.per,
                 "seconds_per_round": self.seconds, "cpu_seconds_per_round": self.cpu_seconds,
@@ -334,8 +328,7 @@ class Timings:
 
 def interleave(variants: Sequence[Variant], rounds: int, *, warmup: int = 1,
                label: str = "") -> Timings:
-    """Time every variant once per round, rotating their order each round (ABC, BCA, CAB...),
-    after ``warmup`` untimed rounds (pools, statement caches)."""
+    """Every variant once per round, order rotated (ABC, BCA, CAB...), after ``warmup`` rounds."""
     timings = Timings.of({v.name: v.per for v in variants})
     for index in range(-warmup, rounds):
         shift = index % len(variants)
@@ -422,7 +415,6 @@ def window(call: Callable[[], Any], start: float, seconds: float,
     return latencies, results, errors
 
 
-# -- processes ---------------------------------------------------------------------------------
 class Fleet(contextlib.AbstractContextManager):  # type: ignore[type-arg]
     """Worker processes (``method`` spawn or fork), each running the module-level ``target(spec,
     conn)`` with a pipe of its own (what it raises reaches the parent). :meth:`tell` sends to the
@@ -487,8 +479,8 @@ class Fleet(contextlib.AbstractContextManager):  # type: ignore[type-arg]
 
 
 def work(target: Callable[[Any, Any], None], spec: Any, conn: Any) -> None:
-    """A :class:`Fleet` worker: ``target(spec, conn)``; what it raises goes to the parent (and
-    to stderr: some parents, the campaign's, hear nothing from their workers)."""
+    """A :class:`Fleet` worker: what ``target`` raises goes to the parent, and to stderr (some
+    parents, the campaign's, hear nothing from their workers)."""
     try:
         target(spec, conn)
     except BaseException:
@@ -515,7 +507,6 @@ def source_tree(ref: str, *, missing_ok: bool = False) -> Iterator[tuple[Path, s
         yield Path(d) / "src", commit
 
 
-# -- reports -----------------------------------------------------------------------------------
 def report(args: argparse.Namespace, name: str, results: Mapping[str, Any], *,
            parameters: Mapping[str, Any] | None = None,
            checks: Mapping[str, Mapping[str, Any]] | None = None, figure: Any = None,
@@ -562,8 +553,7 @@ def pyplot() -> Any:
 
 def figure(panels: int, title: str, env: Mapping[str, Any], note: str = RATIO_NOTE, *,
            width: float = 6.0, height: float = 5.0, **adjust: float) -> tuple[Any, list[Any]]:
-    """A figure of ``panels`` side-by-side axes, a title, and a footnote ending in the load;
-    ``adjust``: ``subplots_adjust`` keywords in place of the defaults."""
+    """``panels`` axes side by side, a title, a footnote with the load; ``adjust``: layout."""
     fig, axes = pyplot().subplots(1, panels, figsize=(width * panels + 1, height), squeeze=False)
     fig.suptitle(title, fontsize=12)
     fig.text(0.01, 0.01, f"{note}; load avg {env.get('load_average_at_start')} at start",
@@ -591,8 +581,8 @@ def found(results: Mapping[str, Any], key: str, path: tuple[str, ...] = ()) -> d
 def ratio_figure(title: str, env: Mapping[str, Any], results: Mapping[str, Any], *,
                  values: tuple[str, str, str] | None = None, log_scale: bool = False,
                  height: float = 5.0) -> Any:
-    """The usual picture: every ratio summary in ``results`` as a bar (:func:`ratio_panel`), and
-    beside it, with ``values = (key, title, unit)``, the values under ``key``."""
+    """Every ratio summary in ``results`` as a bar, and with ``values = (key, title, unit)`` the
+    values under ``key`` beside them."""
     fig, axes = figure(2 if values else 1, title, env, height=height)
     ratio_panel(axes[0], found(results, "ratios"), "time ratio per round", log_scale=log_scale)
     if values:
