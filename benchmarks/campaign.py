@@ -99,7 +99,6 @@ class Line(h.Base):
     order: Mapped[Order] = relationship(back_populates="lines")
 
 
-# -- workers -----------------------------------------------------------------------------------
 def worker(spec: tuple[int, str, list[str], str, Any], conn: Any) -> None:
     """A :class:`_harness.Fleet` worker, ``spec`` = ``(slot, dc, pair, log_path, stop)``: an order
     with its lines committed every ``TICK`` until ``stop`` is set, JSON lines logged: ``C`` per
@@ -209,7 +208,6 @@ def read_db(dc: str, sql: Any) -> list[Any]:
         return list(conn.execute(sql).all())
 
 
-# -- the schedule ------------------------------------------------------------------------------
 @dataclass
 class Fault:
     at: float  # planned start, seconds into the run
@@ -272,13 +270,11 @@ def schedule(rng: random.Random, duration: float, smoke: bool, slots: int,
     return faults
 
 
-# -- the campaign: layout, workers, nemesis -----------------------------------------------------
 class Campaign:
-    """The layout (private servers stopped with ``stack``, datacenter databases, a proxy per
-    datacenter and global server), the workers by slot (``slot % 2`` is the datacenter) and the
-    nemesis: a thread running the schedule one fault at a time (each in a thread of its own when
-    ``overlap``, the soak's), dumping every server and tier in between. Each fault is recorded
-    with its start, end, what it did and any error; one that fails does not stop the campaign."""
+    """The layout (private servers, datacenter databases, a proxy per datacenter and global
+    server), the workers by slot (``slot % 2``: the datacenter) and the nemesis: a thread running
+    the schedule one fault at a time (each in a thread of its own when ``overlap``, the soak's),
+    dumping every server and tier in between. A fault that fails is recorded; the run goes on."""
 
     def __init__(self, stack: contextlib.ExitStack, args: argparse.Namespace, logs: Path) -> None:
         self.workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(
@@ -331,7 +327,6 @@ class Campaign:
     def server(self, name: str) -> ServerProcess:
         return self.b if name == "b" else self.pg.replica if self.promoted else self.pg.primary
 
-    # -- workers -------------------------------------------------------------------------------
     def start(self, slot: int) -> None:
         dc = slot % 2
         with self.lock:
@@ -354,7 +349,6 @@ class Campaign:
                 process.kill()
         return unclean
 
-    # -- the nemesis ---------------------------------------------------------------------------
     def nemesis(self, faults: list[Fault], until: float, overlap: bool) -> None:
         try:
             running = []
@@ -410,7 +404,6 @@ class Campaign:
         finally:
             send(pid, signal.SIGCONT)
 
-    # -- the faults, one method each -----------------------------------------------------------
     def kill_worker(self, slot: int) -> dict[str, Any]:
         with self.lock:
             process, path = self.live[slot]
@@ -510,7 +503,6 @@ class Campaign:
                 "ids_the_replica_missed_at_least": primary_last - promoted_last,
                 "crashed_at": crashed_at, "failover_seconds": self.now() - crashed_at}
 
-    # -- the run -------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         args, slots = self.args, 2 * self.args.workers
         faults = schedule(random.Random(args.seed), args.duration, args.smoke, slots,
@@ -565,8 +557,7 @@ def analyse(c: Campaign, base: list[tuple[int, int]], stock0: list[int],
     doubled = sorted(i for i, n in every.items() if n > 1)
     lost, seen = [], {}  # acknowledged ids missing from their tables; who committed each id
     for path, log in logs.items():
-        orders, lines = (set(tables[dc_of[path]][t]) for t in ("campaign_orders",
-                                                              "campaign_lines"))
+        orders, lines = (set(ids) for ids in tables[dc_of[path]].values())  # Order, then Line
         for commit in log["C"]:
             missing = [i for i in commit["ids"][:1] if i not in orders]
             missing += [i for i in commit["ids"][1:] if i not in lines]
@@ -584,9 +575,8 @@ def analyse(c: Campaign, base: list[tuple[int, int]], stock0: list[int],
              if log["E"] or log["H"]]
     warn_counts = sum((w[0] for w in warnings), Counter())
     discarded = sum(w[1] for w in warnings)
-    held_at_kill = [logs[next(p for p in logs if p.name == k["log"])]["H"][-1:] for k in
-                    outcome["kills"]]
-    held = sum(b[0]["held"] for b in held_at_kill if b)
+    beats = {p.name: log["H"] for p, log in logs.items()}  # held at a kill: the last heartbeat's
+    held = sum(beats[k["log"]][-1]["held"] for k in outcome["kills"] if beats[k["log"]])
     clean = sum(e["burned"] for log in logs.values() for e in log["E"])
     tier_burned = sum(x["tier_burned"] for x in lasts)
     rows = sum(len(ids) for per_dc in tables for ids in per_dc.values())
@@ -596,8 +586,8 @@ def analyse(c: Campaign, base: list[tuple[int, int]], stock0: list[int],
     in_stock = [{i for r in read_db(dc, sa.text(f"SELECT first_id, last_id, step FROM "
                                                 f"{TIER_TABLES[0]}"))
                  for i in range(int(r[0]), int(r[1]) + 1, int(r[2]))} for dc in c.dcs]
-    latent = {"in_stock_and_in_a_table": sorted((in_stock[0] | in_stock[1]) & set(every))[:100],
-              "in_both_stocks": sorted(in_stock[0] & in_stock[1])[:100]}
+    latent = {"in_stock_and_in_a_table": (in_stock[0] | in_stock[1]) & set(every),
+              "in_both_stocks": in_stock[0] & in_stock[1]}
     killed_at = {k["log"]: k["at"] for k in outcome["kills"]}
     stalls = []  # per log the longest gap without a commit or a failure, up to its end
     for path, log in logs.items():
@@ -618,9 +608,8 @@ def analyse(c: Campaign, base: list[tuple[int, int]], stock0: list[int],
         "duplicate_ids": doubled[:200],
         "duplicate_runs": duplicate_runs(seen),
         "inserts_refused_as_duplicate_key": len(duplicate_inserts),
-        "latent_duplicates": len((in_stock[0] | in_stock[1]) & set(every))
-        + len(in_stock[0] & in_stock[1]),
-        "latent_duplicate_ids": latent,
+        "latent_duplicates": sum(map(len, latent.values())),
+        "latent_duplicate_ids": {k: sorted(ids)[:100] for k, ids in latent.items()},
         "rows_lost": sum(len(x["ids"]) for x in lost),
         "lost": lost[:200],
         "acknowledged_ids": sum(len(x["ids"]) for log in logs.values() for x in log["C"]),
