@@ -1,13 +1,11 @@
 """Allocation fast path: ns per id of a warm ``CachedSource.next_id`` against in-process
 generators, and over a datacenter tier against over a ticket server.
 
-Caches primed with 300,000 ids, refills awaited before each run, blocking waits counted (0
-expected); 40,000 ids a run, 51 rounds. ``single``: ``CachedSource(TicketServer(db))`` vs
-uuid_utils, snowflake-id (its ``None`` results counted), uuid6, python-ulid, a locked counter and
-an uncached ``TicketServer.next_id`` (**target: cache <= 1.0 x uuid_utils, never > 1.5 x**);
-``threads``: shared by 8 threads, then 8 threads' ids checked distinct and increasing per thread;
-``tier``: ``CachedSource(DatacenterTier(dc, upstream))`` vs ``CachedSource(TicketServer)``, both
-``waste_ratio=1.0`` (**target: tier / server <= 1.1**).
+Groups of 40,000 ids a run, 51 rounds, caches primed and blocking waits counted: ``single``, the
+cache vs uuid_utils, snowflake-id, uuid6, python-ulid, a locked counter and an uncached
+``TicketServer.next_id`` (**target: cache <= 1.0 x uuid_utils, never > 1.5 x**); ``threads``, 8
+threads sharing each (their ids checked distinct); ``tier``, a cache over ``DatacenterTier`` vs
+over ``TicketServer`` (**target <= 1.1**).
 
     .venv/bin/python benchmarks/bench_alloc.py [--smoke] [--rounds 51] [--backends postgresql]
 """

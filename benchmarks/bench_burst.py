@@ -1,9 +1,8 @@
 """A tenfold burst through ``CachedSource`` in real time (HubSpot's VTickets figure), per backend.
 
-``CachedSource(TicketServer(db), supply=2.0, window=5.0).next_id("burst")`` paced by the clock at
-R = 2,000 ids/s for 3 s (warm-up), R for 10 s, 10 R for 10 s, then R for 20 s (``--smoke``: 0.2 to
-0.6 s), ``stats()`` sampled every 100 ms. Per phase: ids, rate, round trips, blocking waits, block
-sizes, fewest ids in hand, slowest ``next_id``. Target: 0 blocking waits after the warm-up.
+``CachedSource(TicketServer(db), supply=2.0, window=5.0).next_id`` paced at R = 2,000 ids/s for
+3 s (warm-up), R for 10 s, 10 R for 10 s, R for 20 s; per phase: ids, round trips, blocking
+waits, block sizes, ids in hand, slowest call. Target: 0 blocking waits after the warm-up.
 
     .venv/bin/python benchmarks/bench_burst.py [--smoke] [--backends postgresql,mysql]
 """

@@ -1,16 +1,11 @@
 """The datacenter tier across processes: global round trips by process count, ids burned by a
 rolling restart, and blocking waits through a global outage.
 
-Workers take ids of one sequence at a steady rate through ``CachedSource(DatacenterTier(dc,
-upstream=pair))`` ("tier") or ``CachedSource(pair)`` ("no tier"), ``pair`` ``TicketServers`` over
-two global PostgreSQL databases, datacenters on PostgreSQL and MariaDB. (1) Global round trips per
-minute, P = 2 to 24 processes at 5 ids/s, 60 s after 20 s: **flat in P with the tier (most /
-fewest <= 2), no blocking wait**. (2) A rolling restart of 8 processes (10 ids/s), each closed or
-SIGKILLed and replaced: ids burned against ids held (HubSpot's layout burns all held): **0 burned
-clean, at most held killed**; also clean without the tier. (3) A 60 s global outage (refused,
-then hung, through the test suite's TCP proxy) under 2 processes per datacenter at 20 ids/s: **0
-blocking waits within the runway**; a third datacenter (``supply=20``) runs out within it.
-``--smoke``: one P, one process per restart, seconds-long phases.
+Workers take ids through ``CachedSource(DatacenterTier(dc, upstream=pair))`` or
+``CachedSource(pair)``, ``pair`` two global PostgreSQL databases. Targets: global round trips
+flat in P with the tier (most / fewest <= 2) and no blocking wait; a rolling restart burns 0
+ids when clean, at most those held when killed; 0 blocking waits within the runway through a
+60 s outage of the pair. ``--smoke``: one P, one process per restart, seconds-long phases.
 
     .venv/bin/python benchmarks/bench_datacenter.py [--smoke] [--backends postgresql,mysql]
 """

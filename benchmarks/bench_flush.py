@@ -1,11 +1,10 @@
 """ORM flush of 20,000 new rows by primary key: TicketId vs keys set by hand vs native
 auto-increment vs UUIDv4, per backend.
 
-Four models differing only in their key: ``ticket`` (``TicketId("bench")``, embedded default),
-``preset`` (a ``BigInteger`` set when the objects are built: the floor), ``autoinc`` and ``uuid``
-(``uuid.uuid4``). Timed: ``add_all``, ``flush()``, ``commit()``; 9 rounds; one more flush per
-model counts the cursor calls and ticket round trips. Target: ticket / autoinc <= 0.9 on every
-backend; also ticket / preset (the library's own share), preset / autoinc, uuid / autoinc.
+``add_all``, ``flush()``, ``commit()`` of four models differing only in their key: ``ticket``
+(``TicketId``, embedded default), ``preset`` (keys set beforehand: the floor), ``autoinc``,
+``uuid``; 9 rounds; cursor calls and ticket round trips counted. Target: ticket / autoinc <= 0.9
+on every backend; also ticket / preset, preset / autoinc, uuid / autoinc.
 
     .venv/bin/python benchmarks/bench_flush.py [--smoke] [--backends sqlite,postgresql,mysql]
 """

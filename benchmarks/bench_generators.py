@@ -1,10 +1,9 @@
 """App-side id generators against their PyPI peers, side by side in one process.
 
-200,000 ids a run in a plain loop, 15 rounds per group, ours / peer. Targets: ``SnowflakeId``
-(41/10/12) vs ``snowflake-id`` <= 0.667 (its ``None`` results counted; also a 41/6/16 layout);
-``UUID7`` vs ``uuid_utils.uuid7`` <= 1.2 (also vs ``uuid_utils.compat``, ``uuid6`` and the
-floor, uuid_utils' integer in the cheapest ``uuid.UUID``); ``PrefixedId("post")`` vs
-``typeid-python`` and ``python-ulid`` < 1.0; ``ObjectId`` vs ``bson.ObjectId``.
+200,000 ids a run, 15 rounds, ours / peer. Targets: ``SnowflakeId`` vs ``snowflake-id`` <= 0.667
+(and a 41/6/16 layout); ``UUID7`` vs ``uuid_utils.uuid7`` <= 1.2 (also vs its ``compat``,
+``uuid6`` and a floor); ``PrefixedId`` vs ``typeid-python`` and ``python-ulid`` < 1.0;
+``ObjectId`` vs ``bson.ObjectId``.
 
     .venv/bin/python benchmarks/bench_generators.py [--smoke] [--rounds 15]
 """

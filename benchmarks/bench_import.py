@@ -1,10 +1,9 @@
 """Start-up: ``import sqlalchemy_tickets`` against ``import sqlalchemy.orm``, in fresh interpreters.
 
-Each run a new ``python -c`` importing this checkout's ``src/``, timed by the child around its
-statements (the whole process beside it); 30 rounds (smoke 3, without those marked *). Groups:
-``import``, ``sqlalchemy.orm`` vs ``sqlalchemy_tickets`` (**target <= 1.1**), both also with the
-collector off *; ``app``, a model with a ``TicketId`` key vs ``BigInteger`` without the library,
-and with it *; ``alembic``, with and without the package's ``alembic.plugins`` entry point.
+Each run a new ``python -c`` on this checkout's ``src/``, timed around its statements (the whole
+process beside it), 30 rounds: ``import`` (**target <= 1.1**; also with the collector off),
+``app`` (a model with a ``TicketId`` key vs ``BigInteger``), ``alembic`` (with and without the
+package's plugin). Smoke: 3 rounds, without the collector-off pair and tickets + BigInteger.
 
     .venv/bin/python benchmarks/bench_import.py [--smoke] [--rounds 30] [--strict]
 """

@@ -1,10 +1,8 @@
 """Why tickets: primary-key index size, table size and insert time by key type.
 
-PostgreSQL and MariaDB, a table ``(id <key> PRIMARY KEY, n BIGINT, INDEX(n))`` per key type
-(``TicketId``, ``SnowflakeId``, ``UUID7``, UUIDv4, ``PrefixedId``); ids made first, in creation
-order, then inserted in batches (executemany and commit; only inserts timed); sizes after
-``VACUUM ANALYZE`` / ``ANALYZE TABLE``. Also writes ``<out>/bench_index_size.md``, the table
-``docs/choosing.md`` quotes.
+On PostgreSQL and MariaDB, ``(id <key> PRIMARY KEY, n BIGINT, INDEX(n))`` per key type, ids
+inserted in creation order, in batches; sizes after ``ANALYZE``. Also writes
+``<out>/bench_index_size.md``, the table ``docs/choosing.md`` quotes.
 
     .venv/bin/python benchmarks/bench_index_size.py [--rows 1000000] [--batch 10000] [--smoke]
 """

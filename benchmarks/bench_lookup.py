@@ -1,9 +1,7 @@
 """``lookup(session, value)`` against ``session.get(Model, value)`` alone, side by side.
 
-``lookup`` adds a type check, a prefix lookup and a regex match to the ``session.get`` it ends
-in; the key is ``PrefixedId("post")``. ``hit``: every object in the identity map (first backend
-only), 20,000 calls a run, target lookup / get <= 1.5; ``load``: a ``SELECT`` per call, 1,000
-calls a run, target <= 1.05. 15 rounds; the client CPU-time ratio beside.
+A ``PrefixedId("post")`` key, 15 rounds: ``hit``, every object in the identity map (first
+backend), target lookup / get <= 1.5; ``load``, a ``SELECT`` per call, target <= 1.05.
 
     .venv/bin/python benchmarks/bench_lookup.py [--smoke] [--backends sqlite,postgresql,mysql]
 """

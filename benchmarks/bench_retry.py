@@ -1,10 +1,8 @@
 """What ``retry_session`` costs when nothing fails: a 1,000-row insert unit with and without it.
 
-``work(session)`` adds 1,000 objects with a ``TicketId`` key. ``retry``
-(``retry_session(sessionmaker(engine), work)``) vs ``plain`` (``work(s); s.commit()``) and
-``plain A/A`` (the noise floor); ``, objs``: the caller keeps what ``work`` returns; ``, no
-expire``: ``expire_on_commit=False``. 5 units per run, rows counted, the library's warnings
-recorded (none expected); 21 rounds. Target: retry / plain <= 1.05 on every backend.
+``retry_session(sessionmaker(engine), work)`` vs ``work(s); s.commit()`` (and A/A), with the
+objects kept by the caller or not, with ``expire_on_commit`` or not; 5 units a run, 21 rounds,
+the library's warnings recorded. Target: retry / plain <= 1.05 on every backend.
 
     .venv/bin/python benchmarks/bench_retry.py [--smoke] [--backends sqlite,postgresql,mysql]
 """

@@ -1,12 +1,10 @@
 """Ticket round trips: ``TicketServer.next_id`` / ``next_block(seq, 1000)`` against the bare
 driver running the same take, and what the rewind guard costs in the database.
 
-The bare driver (sqlite3, psycopg with ``prepare_threshold=None``, PyMySQL) in autocommit runs
-the take ``docs/rewinds.md`` describes on a one-row table of its own: ``raw``, ``UPDATE ... SET
-id = id + :n ... RETURNING id`` (MySQL: ``LAST_INSERT_ID``); ``raw guarded``, with the rewind
-guard's conditions (SQLite checks at an interval instead). 21 rounds of ~0.15 s of raw each, ids
-issued checked. **Target: next_id and next_block(1000) / raw guarded <= 1.2**; ``raw guarded /
-raw``: the guard's cost per take.
+The bare driver runs the take ``docs/rewinds.md`` describes on a table of its own, without
+(``raw``) and with (``raw guarded``) the rewind guard's conditions; 21 rounds, ids issued
+checked. **Target: next_id and next_block(1000) / raw guarded <= 1.2**; ``raw guarded / raw``:
+the guard's cost per take.
 
     .venv/bin/python benchmarks/bench_roundtrip.py [--smoke] [--backends sqlite,postgresql,mysql]
 """

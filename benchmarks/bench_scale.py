@@ -1,14 +1,10 @@
 """Many sequences in one process: threads, memory, first contact, per-id cost, blocking waits and
 close, for S sequences.
 
-For each S (10, 100, 1,000, 5,000) and layout (``server``: ``CachedSource(TicketServer(url))``,
-``tier``: over ``DatacenterTier(dc_url, TicketServer(global_url))``; ``timeout=30``), a forked
-process on two fresh databases: the S tables made (``create_tables``, timed apart); **first
-contact**, ``prepare(names)`` and each first id, then ``--lazy`` fresh sequences one at a time;
-**threads** and **RSS growth per sequence**; **warm per-id cost**, max(20,000, 8 S) ids round
-robin over S vs on one sequence, interleaved, blocking waits counted; **close**, timed. Goals at
-the largest S: <= 8 threads, <= 20 KB per sequence, round robin / one <= 1.5, first contact <= 5
-s, close <= 1 s, 0 blocking waits. ``--smoke``: S = 10, 50, 1,000 ids a run, one round.
+Per S and layout (``server``: ``CachedSource(TicketServer)``; ``tier``: over a
+``DatacenterTier``), a forked process on fresh databases. Goals at the largest S: <= 8 threads,
+<= 20 KB RSS per sequence, first contact (``prepare`` and each first id) <= 5 s, warm ``next_id``
+round robin over S / one sequence <= 1.5 with 0 blocking waits, ``close()`` <= 1 s.
 
     .venv/bin/python benchmarks/bench_scale.py [--smoke] [--sizes 10,100,1000,5000]
         [--layouts server,tier] [--lazy 100] [--rounds 7] [--backends postgresql]

@@ -1,10 +1,8 @@
 """Ids burned by short-lived processes: three cron-job-like processes in a row, each inserting
 rows in bursts through ``configure(url)`` (= ``CachedSource(TicketServer(url))``) and exiting.
 
-Each inserts 30,000 rows (smoke: two processes, 3,000 rows) into an SQLite database, a flush per
-burst, ids from a ticket server on the backend measured. Burned by process k = first id of k+1 -
-last id of k - 1 (the last followed by an id straight from the server). Target: burned /
-inserted <= 0.10.
+Each inserts 30,000 rows into an SQLite database with ids from a ticket server on the backend;
+burned by a process: the next one's first id - its last id - 1. Target: burned / inserted <= 0.10.
 
     .venv/bin/python benchmarks/bench_shortlived.py [--smoke] [--backends sqlite,postgresql,mysql]
 """

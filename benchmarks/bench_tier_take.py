@@ -1,13 +1,10 @@
 """The datacenter tier's take under contention: takes per second one sequence serves, and their
 latency, when P processes take small blocks at once; a baseline commit against this tree.
 
-A take is ``DatacenterTier.next_block(seq, --count)`` (``supply=1``: no refill in the window).
-``baseline``: ``src/`` at ``--baseline-ref``; ``new``: this tree's; each worker a fresh
-interpreter with its variant's tree first on ``sys.path``, each variant its own databases. Per P,
-``--rounds`` alternate them; in a run worker 0 stocks ~3,000,000 ids, then all take in a tight
-loop for ``--seconds`` from one instant: takes/s, latencies, ``stats()`` deltas (0 waits and
-upstream round trips expected), duplicates (exit 1). ``--strict``: time per take new / baseline
-<= 1 at every P. ``--smoke``: P = 2, 1 s, one round (this tree stands in for a missing baseline).
+``DatacenterTier.next_block(seq, --count)`` in a tight loop for ``--seconds`` from P fresh
+interpreters at once, ``src/`` at ``--baseline-ref`` vs this tree, alternated for ``--rounds``:
+takes/s, latencies, waits and duplicates (exit 1). ``--strict``: time per take new / baseline
+<= 1 at every P. ``--smoke``: P = 2, 1 s, one round.
 
     .venv/bin/python benchmarks/bench_tier_take.py [--smoke] [--procs 2,8,24] [--seconds 10]
         [--count 1] [--rounds 3] [--baseline-ref 18dfaeb] [--backends postgresql,mysql]

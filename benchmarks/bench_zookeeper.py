@@ -3,12 +3,8 @@ processes against a 3-server ensemble, beside a TicketServer on PostgreSQL and o
 per second through CachedSource(DatacenterTier(..., upstream=ZooKeeperSource)) beside the same
 layers over the Flickr pair; the delay a caller sees when the ensemble's leader is killed.
 
-The ensemble is started here (``tests/support/zookeeper.py``). Part 1: P spawned workers per
-source call ``next_block(seq, 100)`` back to back for ``--seconds`` from one instant: blocks/s,
-p50/p99. Part 2: ``next_id`` ids/s through ``CachedSource(DatacenterTier(dc, upstream))``, over
-the ensemble or ``TicketServers([pg, mariadb])``. Part 3: an uncached ZooKeeperSource called back
-to back, the leader SIGKILLed: latency after, errors (0 expected; ``--strict``: exit 1 if not).
-``--smoke``: P = 1,2, 1 s.
+The ensemble is started here (``tests/support/zookeeper.py``). ``--strict``: exit 1 if a caller
+saw an error when the leader was killed. ``--smoke``: P = 1,2, 1 s.
 
     .venv/bin/python benchmarks/bench_zookeeper.py [--smoke] [--procs 1,8,24] [--seconds 5]
 """

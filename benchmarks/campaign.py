@@ -2,23 +2,13 @@
 sharded application databases while a seeded nemesis kills, stops, cuts, hangs, restores and fails
 over what they depend on; a checker then reads every table.
 
-A global pair ``TicketServers([a, b])`` (``a`` a private PostgreSQL primary with an asynchronous
-replica, ``b`` a private MariaDB) reached through proxies; datacenters ``dc0`` (PostgreSQL) and
-``dc1`` (MariaDB) with a tier and ``campaign_orders`` / ``campaign_lines``. ``--workers``
-processes per datacenter ``configure(CachedSource(DatacenterTier(dc, upstream=pair)))`` and commit
-an order and two lines every 0.25 s, logging each commit's ids and each failure.
-
-``--schedule random`` (2 workers per datacenter, 600 s; smoke 1 and 32 s, every kind once): drawn
-from ``--seed`` first, one fault at a time, 2.5-8 s apart: workers and servers killed or stopped,
-links cut or hung, ``restore_global`` / ``restore_tier`` from dumps, once ``promote`` (``a``'s
-replica, after the cut-off primary issued blocks it never saw). ``--schedule soak`` (4 workers,
-300 s; ``campaign_soak.json``): a worker SIGKILLed every twelfth of the run, each datacenter's
-links cut for 15 % of it, ``b`` SIGKILLed at 75 %.
-
-Checks, all 0 (exit 1 otherwise): **duplicates**, **latent duplicates** (ids in a tier's stock
-that a table holds, or in both stocks), **acknowledged rows lost**, **caller errors not
-``TicketsError``**, **stalled workers**, and with the soak **failed inserts while the stock held
-ids**. Also: rewinds, failed inserts, ids burned, and every fault with what it did.
+Workers ``configure(CachedSource(DatacenterTier(dc, upstream=TicketServers([a, b]))))``, ``a`` a
+private PostgreSQL with a replica, ``b`` a private MariaDB, reached through proxies. ``--schedule
+random`` (600 s): faults drawn from ``--seed``, one at a time, and once ``a``'s replica promoted;
+``--schedule soak`` (300 s; ``campaign_soak.json``): workers killed, links cut, ``b`` killed, at
+fixed times. Checks, all 0 (exit 1 otherwise): duplicates, latent duplicates, acknowledged rows
+lost, caller errors not ``TicketsError``, stalled workers, and with the soak failed inserts while
+the stock held ids.
 
     .venv/bin/python benchmarks/campaign.py [--smoke] [--duration 600] [--seed 1] [--workers 2]
         [--schedule random|soak] [--logs DIR]   # --logs: keep the workers' logs there
