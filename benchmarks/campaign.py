@@ -189,10 +189,6 @@ def last_id(url: str) -> tuple[int, int]:
     return info.last_id, info.increment
 
 
-def stock(dc: str) -> int:
-    return int(h.stock(dc, SEQ)["stock"])
-
-
 def read_db(dc: str, sql: Any) -> list[Any]:
     with sa.create_engine(dc, poolclass=sa.pool.NullPool).connect() as conn:  # nothing pooled
         return list(conn.execute(sql).all())
@@ -460,10 +456,10 @@ class Campaign:
         chosen = self.pick_dump(f"tier{dc}", pick)
         if chosen is None:
             return {"skipped": "no dump old enough yet"}
-        before = stock(self.dcs[dc])
+        before = h.stock(self.dcs[dc], SEQ)["stock"]
         restore(self.dcs[dc], chosen[1], lock_timeout=10)
         return {"dump_taken_at": chosen[0], "dump": chosen[1].name, "stock_before": before,
-                "stock_after_restore": stock(self.dcs[dc])}
+                "stock_after_restore": h.stock(self.dcs[dc], SEQ)["stock"]}
 
     def promote(self) -> dict[str, Any]:
         if self.promoted:
@@ -516,7 +512,7 @@ class Campaign:
                 if now >= len(samples) * (2.0 if args.smoke else 5.0):
                     samples.append({"t": now, "load": h.load()})
                     with contextlib.suppress(Exception):
-                        samples[-1]["stock"] = [stock(dc) for dc in self.dcs]
+                        samples[-1]["stock"] = [h.stock(dc, SEQ)["stock"] for dc in self.dcs]
                 time.sleep(0.2)
         finally:
             self.stop.set()
@@ -572,7 +568,7 @@ def analyse(c: Campaign, base: list[tuple[int, int]], stock0: list[int],
     rows = sum(len(ids) for per_dc in tables for ids in per_dc.values())
     last = [last_id(url) for url in (c.a_url, c.b_url)]
     advance = sum((now - b) // step for (now, step), (b, _) in zip(last, base, strict=True))
-    stocks = [stock(dc) for dc in c.dcs]
+    stocks = [h.stock(dc, SEQ)["stock"] for dc in c.dcs]
     in_stock = [{i for r in read_db(dc, sa.text(f"SELECT first_id, last_id, step FROM "
                                                 f"{TIER_TABLES[0]}"))
                  for i in range(int(r[0]), int(r[1]) + 1, int(r[2]))} for dc in c.dcs]
@@ -588,20 +584,17 @@ def analyse(c: Campaign, base: list[tuple[int, int]], stock0: list[int],
             stalls.append({"log": path.name, "longest_gap": round(gap, 2),
                            "from_t": round(since - t0, 2)})
     stalled = [x for x in stalls if x["longest_gap"] >= STALL_SECONDS]
-    faults = outcome["faults"]
-    kinds = Counter(f["kind"] for f in faults if "skipped" not in f and "error" not in f)
+    kinds = Counter(f["kind"] for f in outcome["faults"] if not {"skipped", "error"} & set(f))
     return {
         "rows_written": rows,
         "rows_per_datacenter": [sum(len(v) for v in per_dc.values()) for per_dc in tables],
         "duplicates": len(doubled) + len(duplicate_inserts),
-        "ids_in_two_tables_or_datacenters": len(doubled),
-        "duplicate_ids": doubled[:200],
+        "ids_in_two_tables_or_datacenters": len(doubled), "duplicate_ids": doubled[:200],
         "duplicate_runs": duplicate_runs(seen),
         "inserts_refused_as_duplicate_key": len(duplicate_inserts),
         "latent_duplicates": sum(map(len, latent.values())),
         "latent_duplicate_ids": {k: sorted(ids)[:100] for k, ids in latent.items()},
-        "rows_lost": sum(len(x["ids"]) for x in lost),
-        "lost": lost[:200],
+        "rows_lost": sum(len(x["ids"]) for x in lost), "lost": lost[:200],
         "acknowledged_ids": sum(len(x["ids"]) for log in logs.values() for x in log["C"]),
         "failed_inserts": len(failures),
         "failed_inserts_while_stock_held_ids": sum(1 for f in failures
@@ -619,19 +612,15 @@ def analyse(c: Campaign, base: list[tuple[int, int]], stock0: list[int],
                              "tier_stocks_discarded_after_tier_restores": discarded},
         "global_advance_in_ids": advance,
         "global_advance_not_in_rows_or_stock": advance - rows - (sum(stocks) - sum(stock0)),
-        "workers_started": len(logs),
-        "worker_kills": len(outcome["kills"]),
+        "workers_started": len(logs), "worker_kills": len(outcome["kills"]),
         "unclean_stops": outcome["unclean_stops"],
         "stalled_workers": len(stalled) + len(set(outcome["unclean_stops"])
                                               - {x["log"] for x in stalled}),
         "stalls": stalled,
         "longest_gap_between_commits": max((x["longest_gap"] for x in stalls), default=None),
-        "faults_injected": sum(kinds.values()),
-        "faults_by_kind": dict(sorted(kinds.items())),
-        **{k: outcome[k] for k in ("faults", "faults_not_run", "dumps", "dump_errors",
-                                   "samples")},
-        "nemesis_still_running_at_end": outcome["nemesis_alive"],
-        "failures": failures[:500],
+        "faults_injected": sum(kinds.values()), "faults_by_kind": dict(sorted(kinds.items())),
+        **{k: outcome[k] for k in ("faults", "faults_not_run", "dumps", "dump_errors", "samples")},
+        "nemesis_still_running_at_end": outcome["nemesis_alive"], "failures": failures[:500],
         "commit_timeline": {f"dc{d}": sorted(round(x["t"] - t0, 3) for p, log in logs.items()
                                              if dc_of[p] == d for x in log["C"])
                             for d in range(2)},
@@ -692,7 +681,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (logs := Path(tmp) / "logs").mkdir()
         campaign = Campaign(stack, args, logs)
         base = campaign.prepare()
-        stock0 = [stock(dc) for dc in campaign.dcs]
+        stock0 = [h.stock(dc, SEQ)["stock"] for dc in campaign.dcs]
         results = analyse(campaign, base, stock0, campaign.run())
         if args.logs is not None:  # the workers' raw logs, for a finding's evidence
             shutil.rmtree(args.logs, ignore_errors=True)
