@@ -21,11 +21,9 @@ from sqlalchemy_tickets import TicketServer
 
 NAME, TARGET, BLOCK, SEQ = "bench_roundtrip", 1.2, 1000, "bench"
 MAX = 2**63 - 1 - BLOCK
-TAKE = {  # backend -> the take, {x} standing for the parameter x
-    "postgresql": "UPDATE bench_raw SET id = id + {n} WHERE {where} RETURNING id",
-    "sqlite": "UPDATE bench_raw SET id = id + {n} WHERE {where} RETURNING id",
-    "mysql": "UPDATE bench_raw SET id = LAST_INSERT_ID(id + {n}) WHERE {where}",
-}
+RETURNING = "UPDATE bench_raw SET id = id + {n} WHERE {where} RETURNING id"
+TAKE = {"postgresql": RETURNING, "sqlite": RETURNING,  # backend -> the take, {x}: parameter x
+        "mysql": "UPDATE bench_raw SET id = LAST_INSERT_ID(id + {n}) WHERE {where}"}
 WHERE = "stub = 'a' AND id <= {max} AND step = 1 AND lane = 1"
 TIMELINE = "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"
 INNODB_ID = ("(SELECT TABLE_ID FROM information_schema.INNODB_SYS_TABLES "
