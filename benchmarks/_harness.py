@@ -67,9 +67,8 @@ def log(message: str) -> None:
 
 
 def parse_args(doc: str | None, argv: Sequence[str] | None = None,
-               options: Mapping[str, Mapping[str, Any]] | None = None, *,
-               backends: Sequence[str] = BACKENDS, peers: Sequence[str] = ()
-               ) -> argparse.Namespace:
+               options: Mapping[str, Any] | None = None, *, backends: Sequence[str] = BACKENDS,
+               peers: Sequence[str] = ()) -> argparse.Namespace:
     """The options every script takes, and its own (``options``: flag -> ``add_argument``
     keywords). ``doc``, the script's docstring: its first paragraph is the help text, all of it
     goes into the JSON; ``args.env``: the :func:`environment` (``peers``: packages compared)."""

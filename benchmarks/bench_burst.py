@@ -67,14 +67,13 @@ def summarize(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for a, b in zip(marks, marks[1:], strict=False):
         inside = [s for s in samples if a["t"] < s["t"] <= b["t"]]
         ids, trips = b["ids"] - a["ids"], b["round_trips"] - a["round_trips"]
-        out.append({
-            "phase": a["phase"], "ids": ids, "achieved_rate": ids / max(b["t"] - a["t"], 1e-9),
-            "round_trips": trips, "round_trips_per_1000_ids": trips / ids * 1000 if ids else None,
-            "blocking_waits": b["blocking_waits"] - a["blocking_waits"],
-            "block_sizes": sorted({s["block_size"] for s in inside}),
-            "min_in_hand": min((s["in_hand"] for s in inside), default=None),
-            "worst_next_id_ms": max((s["worst_ms"] for s in inside), default=0.0),
-        })
+        out.append({"phase": a["phase"], "ids": ids,
+                    "achieved_rate": ids / max(b["t"] - a["t"], 1e-9), "round_trips": trips,
+                    "round_trips_per_1000_ids": trips / ids * 1000 if ids else None,
+                    "blocking_waits": b["blocking_waits"] - a["blocking_waits"],
+                    "block_sizes": sorted({s["block_size"] for s in inside}),
+                    "min_in_hand": min((s["in_hand"] for s in inside), default=None),
+                    "worst_next_id_ms": max((s["worst_ms"] for s in inside), default=0.0)})
     return out
 
 

@@ -82,18 +82,16 @@ def run(src: Path, urls: dict[str, str], p: int, seq: str, count: int,
         answers = workers.hear()
     ids = [i for a in answers for i in a["ids"]]
     pooled = h.distribution([x / 1e3 for a in answers for x in a["latencies_us"]])
-    return {
-        "sequence": seq, "takes": int(pooled["count"]),
-        "takes_per_second": pooled["count"] / seconds, "latency_ms": pooled,
-        "p50_ms": pooled.get("p50"), "p99_ms": pooled.get("p99"),
-        "workers": [{**a["summary"], "errors": a["errors"], "first_errors": a["first_errors"]}
-                    for a in answers],
-        "errors": sum(a["errors"] for a in answers), "ids_handed_out": len(ids),
-        "duplicates": len(ids) - len(set(ids)),
-        **{k: sum(a["stats"][k] for a in answers) for k in STATS},
-        "filled": started[0]["filled"], "stock_after": answers[0]["stock_after"],
-        "library": libraries, "load_average_at_end": h.load(),
-    }
+    return {"sequence": seq, "takes": int(pooled["count"]),
+            "takes_per_second": pooled["count"] / seconds, "latency_ms": pooled,
+            "p50_ms": pooled.get("p50"), "p99_ms": pooled.get("p99"),
+            "workers": [{**a["summary"], "errors": a["errors"], "first_errors": a["first_errors"]}
+                        for a in answers],
+            "errors": sum(a["errors"] for a in answers), "ids_handed_out": len(ids),
+            "duplicates": len(ids) - len(set(ids)),
+            **{k: sum(a["stats"][k] for a in answers) for k in STATS},
+            "filled": started[0]["filled"], "stock_after": answers[0]["stock_after"],
+            "library": libraries, "load_average_at_end": h.load()}
 
 
 def compare(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
