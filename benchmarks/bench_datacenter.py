@@ -13,7 +13,6 @@ ids when clean, at most those held when killed; 0 blocking waits within the runw
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -44,11 +43,9 @@ def worker(spec: dict[str, Any], pipe: Any) -> None:
 
     def snapshot() -> dict[str, Any]:
         c, t = cache.stats(), tier.stats() if tier else {}
-        return {"pid": os.getpid(), "at": time.monotonic(), "used": used, "failures": failures,
-                "first_failure": first_failure, "slow_calls": list(slow),
-                "held": c["in_hand"] + c["in_flight"],
-                "cache": {k: c[k] for k in ("round_trips", "blocking_waits", "in_hand")},
-                "tier": {k: t.get(k, 0) for k in ("round_trips", "blocking_waits", "failures")},
+        return {"used": used, "failures": failures, "first_failure": first_failure,
+                "slow_calls": list(slow), "held": c["in_hand"] + c["in_flight"],
+                "cache_waits": c["blocking_waits"], "tier_waits": t.get("blocking_waits", 0),
                 "global_round_trips": pair.stats()["round_trips"]}
 
     pipe.send("ready")
@@ -92,16 +89,10 @@ def issued(pair: Sequence[str], sequence: str) -> int:
     return sum(i.last_id // i.increment for i in infos if i is not None and i.last_id)
 
 
-def grew(after: list[Any], before: list[Any], key: str, sub: str | None = None,
-         members: Sequence[int] | None = None) -> int:
-    """How much the workers' figure ``key`` (``[sub]``) grew from snapshots ``before`` to
-    ``after``, summed over ``members`` (default: all)."""
-
-    def pick(snapshot: dict[str, Any]) -> int:
-        return int(snapshot[key][sub] if sub else snapshot[key])
-
-    return sum(pick(after[i]) - pick(before[i])
-               for i in (range(len(after)) if members is None else members))
+def grew(after: list[Any], before: list[Any], key: str, members: Sequence[int] = ()) -> int:
+    """How much the workers' figure ``key`` grew from snapshots ``before`` to ``after``, summed
+    over ``members`` (default: all)."""
+    return sum(after[i][key] - before[i][key] for i in members or range(len(after)))
 
 
 def spec(pair: list[str], dc: str | None, seq: str, rate: float, tier: Any) -> dict[str, Any]:
@@ -124,7 +115,7 @@ def scaling(urls: dict[str, Any], counts: Sequence[int], rate: float, warmup: fl
                 time.sleep(window)
                 after = fleet.ask("stats")
             trips, took = (grew(after, before, k) for k in ("global_round_trips", "used"))
-            waits = grew(after, before, "cache", "blocking_waits")
+            waits = grew(after, before, "cache_waits")
             out[variant][p] = {"global_round_trips_per_minute": trips * 60 / window,
                                "global_round_trips_in_window": trips, "ids_taken_in_window": took,
                                "ids_per_second": took / window, "blocking_waits_in_window": waits,
@@ -220,13 +211,13 @@ def outage(urls: dict[str, Any], per_dc: int, rate: float, warmup: float,
             "runway_at_cut_seconds": {f"dc{d}": runway[f"dc{d}"]["runway"] for d in dc_ids},
             "stock_at_cut": {f"dc{d}": runway[f"dc{d}"]["stock"] for d in dc_ids},
             "shared_rate_at_cut": {f"dc{d}": runway[f"dc{d}"]["rate"] for d in dc_ids},
-            "ids_taken_during_outage": grew(during, before, "used", None, members),
-            "blocking_waits_cache": grew(during, before, "cache", "blocking_waits", members),
-            "blocking_waits_tier": grew(during, before, "tier", "blocking_waits", members),
-            "failed_calls": grew(during, before, "failures", None, members),
+            "ids_taken_during_outage": grew(during, before, "used", members),
+            "blocking_waits_cache": grew(during, before, "cache_waits", members),
+            "blocking_waits_tier": grew(during, before, "tier_waits", members),
+            "failed_calls": grew(during, before, "failures", members),
             "first_failure_after_cut_seconds": min(first) - cut_at if first else None,
             "calls_slower_than_20ms": len(slow), "slowest_call_seconds": max(slow, default=0.0),
-            "ids_taken_after_outage": grew(after, during, "used", None, members),
+            "ids_taken_after_outage": grew(after, during, "used", members),
         }
         h.log(f"  outage, {name}: " + ", ".join(f"{k} {groups[name][k]}" for k in (
             "blocking_waits_cache", "failed_calls", "runway_at_cut_seconds",
