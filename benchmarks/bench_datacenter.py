@@ -31,9 +31,8 @@ SLOW_CALL = 0.02  # seconds: a call this slow is recorded with its time
 
 
 def worker(spec: dict[str, Any], pipe: Any) -> None:
-    """Take ids of ``spec["sequence"]`` at ``spec["rate"]`` per second until told otherwise.
-    Commands on ``pipe``: ``stats`` (answer, go on), ``pause`` (stop taking, await refills,
-    answer), ``close`` (``CachedSource.close()``, answer with what it burned, exit)."""
+    """Take ids at ``spec["rate"]`` per second; on ``pipe``, ``stats``: answer; ``pause``: stop
+    taking, await refills, answer; ``close``: ``CachedSource.close()``, answer, exit."""
     pair = TicketServers(spec["pair"], backoff=0.5, max_backoff=2.0)
     tier = spec["dc"] and DatacenterTier(spec["dc"], upstream=pair, **spec["tier"])
     cache = CachedSource(tier or pair)
@@ -90,8 +89,7 @@ def issued(pair: Sequence[str], sequence: str) -> int:
 
 
 def grew(after: list[Any], before: list[Any], key: str, members: Sequence[int] = ()) -> int:
-    """How much the workers' figure ``key`` grew from snapshots ``before`` to ``after``, summed
-    over ``members`` (default: all)."""
+    """The growth of the workers' ``key`` from snapshots ``before`` to ``after`` (``members``)."""
     return sum(after[i][key] - before[i][key] for i in members or range(len(after)))
 
 

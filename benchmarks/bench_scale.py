@@ -43,8 +43,7 @@ PANELS = {  # figure -> (title, unit, goal at the largest S)
 
 
 def memory(*sources: Any) -> dict[str, int]:
-    """``VmRSS`` and ``VmSize`` of this process, in KB, once ``sources`` are idle (refills done)
-    and the garbage is collected."""
+    """This process's ``VmRSS`` and ``VmSize`` in KB, ``sources`` idle, the garbage collected."""
     for source in filter(None, sources):
         source.wait_idle(30.0)
     gc.collect()

@@ -76,9 +76,8 @@ def layered(dc: str, upstream: Any, seconds: float, sequence: str) -> dict[str, 
 
 
 def leader_kill(ensemble: Any, after: float) -> dict[str, Any]:
-    """Part 3: an uncached caller's ``next_block`` back to back, the leader SIGKILLed 2 s in:
-    the latencies (ms) before the kill and for ``after`` s after it, and the calls that failed
-    (counted, not timed)."""
+    """Part 3: an uncached ``next_block`` back to back, the leader SIGKILLed 2 s in: latencies
+    (ms) before and for ``after`` s after the kill, and the calls that failed."""
     with contextlib.closing(st.ZooKeeperSource(ensemble.hosts, path="/bench-kill",
                                                timeout=2.0)) as source:
         take = lambda: source.next_block("kill", BLOCK)  # noqa: E731

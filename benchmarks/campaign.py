@@ -90,10 +90,9 @@ class Line(h.Base):
 
 
 def worker(spec: tuple[int, str, list[str], str, Any], conn: Any) -> None:
-    """A :class:`_harness.Fleet` worker, ``spec`` = ``(slot, dc, pair, log_path, stop)``: an order
-    with its lines committed every ``TICK`` until ``stop`` is set, JSON lines logged: ``C`` per
-    commit (its ids), ``F`` per failed commit, ``H`` once a second (ids held, rewinds, ids the
-    tier burned), ``E`` at a clean exit (every ``stats()``); WARNINGs to ``<log_path>.err``."""
+    """An order and its lines committed every ``TICK`` until ``stop`` is set, logged as JSON
+    lines: ``C`` a commit's ids, ``F`` a failure, ``H`` a heartbeat a second (ids held, rewinds,
+    tier burned), ``E`` a clean exit (every ``stats()``); WARNINGs to ``<log_path>.err``."""
     from sqlalchemy_tickets import CachedSource, DatacenterTier, TicketsError, configure
 
     slot, dc, pair, log_path, stop = spec
