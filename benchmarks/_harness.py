@@ -129,11 +129,8 @@ def throwaway_database(backend: str) -> Iterator[URL]:
 
 def databases(stack: contextlib.ExitStack, *backends: str) -> list[str]:
     """A throwaway database per backend named, as URL strings with passwords, until ``stack``."""
-    return [plain(stack.enter_context(throwaway_database(b))) for b in backends]
-
-
-def plain(url: URL | str) -> str:
-    return url if isinstance(url, str) else url.render_as_string(hide_password=False)
+    return [stack.enter_context(throwaway_database(b)).render_as_string(hide_password=False)
+            for b in backends]
 
 
 def first_contact(bind: Any, sequences: Sequence[str], *, embedded: bool = False) -> None:

@@ -53,12 +53,12 @@ def short_lived(spec: tuple[str, str, list[int]], conn: Any) -> None:
 
 
 def measure(backend: str, bursts: list[int], processes: int) -> dict[str, Any]:
-    with h.throwaway_database("sqlite") as app_url, h.throwaway_database(backend) as tickets:
+    with contextlib.ExitStack() as stack:
+        app_url, tickets = h.databases(stack, "sqlite", backend)
         h.first_contact(tickets, ["jobs"])
         runs = []
         for _ in range(processes):  # one after the other, each exiting before the next starts
-            spec = (h.plain(app_url), h.plain(tickets), bursts)
-            with h.Fleet(short_lived, [spec], grace=60) as process:
+            with h.Fleet(short_lived, [(app_url, tickets, bursts)], grace=60) as process:
                 runs += process.hear(timeout=600)
         with contextlib.closing(TicketServer(tickets, timeout=h.SETUP_TIMEOUT)) as server:
             after = server.next_id("jobs")
