@@ -30,11 +30,12 @@ SHORT_TIER = {"supply": 20.0, "min_block": 10}  # runs out within the outage
 SLOW_CALL = 0.02  # seconds: a call this slow is recorded with its time
 
 
-def worker(spec: dict[str, Any], pipe: Any) -> None:
-    """Take ids at ``spec["rate"]`` per second; on ``pipe``, ``stats``: answer; ``pause``: stop
-    taking, await refills, answer; ``close``: ``CachedSource.close()``, answer, exit."""
-    pair = TicketServers(spec["pair"], backoff=0.5, max_backoff=2.0)
-    tier = spec["dc"] and DatacenterTier(spec["dc"], upstream=pair, **spec["tier"])
+def worker(spec: tuple[list[str], str | None, str, float, dict[str, Any]], pipe: Any) -> None:
+    """Take ids at ``rate`` per second; on ``pipe``, ``stats``: answer; ``pause``: stop taking,
+    await refills, answer; ``close``: ``CachedSource.close()``, answer, exit."""
+    pair_urls, dc, sequence, rate, settings = spec
+    pair = TicketServers(pair_urls, backoff=0.5, max_backoff=2.0)
+    tier = dc and DatacenterTier(dc, upstream=pair, **settings)
     cache = CachedSource(tier or pair)
     used = failures = 0
     first_failure: float | None = None
@@ -64,11 +65,11 @@ def worker(spec: dict[str, Any], pipe: Any) -> None:
                 pipe.send({**before, "burned_at_close": burned})
                 return
             pipe.send(snapshot())
-        due = used if paused else int((time.monotonic() - start) * spec["rate"])
+        due = used if paused else int((time.monotonic() - start) * rate)
         while used < due:
             began = time.monotonic()
             try:
-                cache.next_id(spec["sequence"])
+                cache.next_id(sequence)
                 used += 1
             except TicketsError:
                 failures += 1
@@ -93,10 +94,6 @@ def grew(after: list[Any], before: list[Any], key: str, members: Sequence[int] =
     return sum(after[i][key] - before[i][key] for i in members or range(len(after)))
 
 
-def spec(pair: list[str], dc: str | None, seq: str, rate: float, tier: Any) -> dict[str, Any]:
-    return {"pair": pair, "dc": dc, "sequence": seq, "rate": rate, "tier": tier}
-
-
 def scaling(urls: dict[str, Any], counts: Sequence[int], rate: float, warmup: float,
             window: float) -> dict[str, Any]:
     out: dict[str, Any] = {"no tier": {}, "tier": {}}
@@ -105,7 +102,7 @@ def scaling(urls: dict[str, Any], counts: Sequence[int], rate: float, warmup: fl
             seq = f"scale_{'tier' if tiered else 'none'}_{p}"
             dcs = [urls["dcs"][i % 2] for i in range(p)]
             h.pair_contact(urls["pair"], seq, dict.fromkeys(dcs, FAST_TIER) if tiered else {})
-            with h.Fleet(worker, [spec(urls["pair"], dc if tiered else None, seq, rate, FAST_TIER)
+            with h.Fleet(worker, [(urls["pair"], dc if tiered else None, seq, rate, FAST_TIER)
                                   for dc in dcs]) as fleet:
                 fleet.go(delay=0.0)  # they all start taking ids at once
                 time.sleep(warmup)
@@ -133,7 +130,7 @@ def restart(urls: dict[str, Any], how: str, tiered: bool, n: int, rate: float,
         return sum(h.stock(dc, seq)["stock"] for dc in set(dcs)) if tiered else 0
 
     base, stock_base = issued(urls["pair"], seq), stocked()
-    specs = [spec(urls["pair"], dc if tiered else None, seq, rate, {}) for dc in dcs]
+    specs = [(urls["pair"], dc if tiered else None, seq, rate, {}) for dc in dcs]
     stopped = []
     with h.Fleet(worker, specs) as fleet:
         fleet.go(delay=0.0)
@@ -170,9 +167,9 @@ def outage(urls: dict[str, Any], per_dc: int, rate: float, warmup: float,
         proxies = [stack.enter_context(FollowingProxy.for_url(url)) for url in urls["pair"]]
         pair = [p.url(url) for p, url in zip(proxies, urls["pair"], strict=True)]
         h.pair_contact(pair, seq, {dcs[0]: {}, dcs[1]: {}, dcs[2]: SHORT_TIER})
-        specs = [spec(pair, dcs[i % 2], seq, rate, {}) for i in range(2 * per_dc)]
-        fleet = stack.enter_context(h.Fleet(worker, [*specs, spec(pair, dcs[2], seq, rate,
-                                                                  SHORT_TIER)]))
+        specs = [(pair, dcs[i % 2], seq, rate, {}) for i in range(2 * per_dc)]
+        fleet = stack.enter_context(h.Fleet(worker, [*specs, (pair, dcs[2], seq, rate,
+                                                              SHORT_TIER)]))
         fleet.go(delay=0.0)
         t0 = time.monotonic()
 
