@@ -126,11 +126,9 @@ def main(argv: list[str] | None = None) -> int:
                 cache.source.close()  # type: ignore[attr-defined]
             upstream.close()
             server.close()
-    results: dict[str, Any] = {
-        group: {"ratio_to_uuid_utils": {v: h.ratio_summary(t, v, REF) for v in t.seconds},
-                **t.to_json("median_ns_per_id", 1e9)}
-        for group, t in timings.items()
-    }
+    results: dict[str, Any] = {group: {
+        "ratio_to_uuid_utils": {v: h.ratio_summary(t, v, REF) for v in t.seconds},
+        **t.to_json("median_ns_per_id", 1e9)} for group, t in timings.items()}
     check = {**h.ratio_summary(timings["single"], CACHE, REF, TARGET), "hard_limit": LIMIT}
     check["within_hard_limit"] = check["median"] <= LIMIT
     results["single"]["ratio_to_uuid_utils"][CACHE] = check  # drawn with its target

@@ -133,16 +133,14 @@ def main(argv: list[str] | None = None) -> int:
                 variants = {n: v for n, v in variants.items() if n not in SMOKE_LEAVES_OUT}
             pairs = [p for p in RATIOS[group] if {p[0], p[1]} <= set(variants)]
             inner, outer, files = measure_group(variants, rounds, children, f"{group}: ")
-            ratios = {f"{a} / {b}": h.ratio_summary(inner, a, b, t) for a, b, t in pairs}
             imported |= files
             results[group] = {
-                "ratios": ratios,
+                "ratios": {f"{a} / {b}": h.ratio_summary(inner, a, b, t) for a, b, t in pairs},
                 "whole_process_ratios": {f"{a} / {b}": h.ratio_summary(outer, a, b)
                                          for a, b, _ in pairs},
                 "median_whole_process_ms": {n: outer.median(n) * 1e3 for n in outer.seconds},
                 **inner.to_json("median_ms", 1e3),
-                "whole_process_seconds_per_round": outer.seconds,
-            }
+                "whole_process_seconds_per_round": outer.seconds}
     expected = str(SRC_DIR / PACKAGE / "__init__.py")
     if imported != {expected}:
         raise RuntimeError(f"the children imported {sorted(imported)}, not {expected}")

@@ -355,9 +355,8 @@ class Campaign:
 
     def dump_all(self) -> None:
         self.last_dump = self.now()
-        for key, url, tables in (("a", self.a_url, ()), ("b", self.b_url, ()),
-                                 ("tier0", self.dcs[0], TIER_TABLES),
-                                 ("tier1", self.dcs[1], TIER_TABLES)):
+        tiers = [(f"tier{i}", dc, TIER_TABLES) for i, dc in enumerate(self.dcs)]
+        for key, url, tables in [("a", self.a_url, ()), ("b", self.b_url, ()), *tiers]:
             suffix = "dump" if make_url(url).get_backend_name() == "postgresql" else "sql"
             path = self.workdir / "dumps" / f"{key}_{len(self.dumps[key]):03d}.{suffix}"
             at = self.now()
