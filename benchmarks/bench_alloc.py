@@ -12,7 +12,6 @@ over ``TicketServer`` (**target <= 1.1**).
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from typing import Any
@@ -145,4 +144,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -9,7 +9,6 @@ waits, block sizes, ids in hand, slowest call. Target: 0 blocking waits after th
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
@@ -131,4 +130,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

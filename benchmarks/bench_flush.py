@@ -11,7 +11,6 @@ on every backend; also ticket / preset, preset / autoinc, uuid / autoinc.
 
 from __future__ import annotations
 
-import sys
 import uuid
 from collections import Counter
 from itertools import count
@@ -123,4 +122,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import sys
 import uuid
 from typing import Any
 
@@ -74,4 +73,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

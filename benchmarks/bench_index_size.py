@@ -10,7 +10,6 @@ inserted in creation order, in batches; sizes after ``ANALYZE``. Also writes
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 import uuid
 from typing import Any
@@ -114,4 +113,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

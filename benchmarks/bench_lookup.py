@@ -8,7 +8,6 @@ backend), target lookup / get <= 1.5; ``load``, a ``SELECT`` per call, target <=
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import _harness as h
@@ -96,4 +95,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -10,7 +10,6 @@ the library's warnings recorded. Target: retry / plain <= 1.05 on every backend.
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Any
 
 import _harness as h
@@ -106,4 +105,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

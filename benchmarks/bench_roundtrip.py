@@ -11,7 +11,6 @@ the guard's cost per take.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import _harness as h
@@ -111,4 +110,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -16,7 +16,6 @@ import contextlib
 import gc
 import math
 import re
-import sys
 import threading
 import time
 from collections import Counter
@@ -205,4 +204,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -10,7 +10,6 @@ burned by a process: the next one's first id - its last id - 1. Target: burned /
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -85,4 +84,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -8,7 +8,6 @@ auto-increment keys. Target: tickets / auto-increment <= 1.5.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import _harness as h
@@ -60,4 +59,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
