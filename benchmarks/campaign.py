@@ -155,9 +155,9 @@ def read_log(path: Path) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def read_warnings(path: Path) -> tuple[Counter[str], int]:
-    """A worker's WARNING lines counted by what they say; the ids of tier stocks it discarded."""
-    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+def read_warnings(paths: list[Path]) -> tuple[Counter[str], int]:
+    """The workers' WARNING lines counted by what they say; the ids of tier stocks discarded."""
+    lines = [x for p in paths if p.exists() for x in p.read_text(errors="replace").splitlines()]
     found = Counter(k for line in lines for k, pattern in PATTERNS.items() if pattern.search(line))
     return found, sum(int(m.group(1)) for m in map(DISCARDED.search, lines) if m)
 
@@ -256,10 +256,9 @@ def schedule(rng: random.Random, duration: float, smoke: bool, slots: int,
 
 
 class Campaign:
-    """The layout (private servers, datacenter databases, a proxy per datacenter and global
-    server), the workers by slot (``slot % 2``: the datacenter) and the nemesis: a thread running
-    the schedule one fault at a time (each in a thread of its own when ``overlap``, the soak's),
-    dumping every server and tier in between. A fault that fails is recorded; the run goes on."""
+    """The layout (private servers, datacenter databases, proxies), the workers by slot (``slot %
+    2``: the datacenter) and the nemesis, a thread running the faults one at a time (in threads of
+    their own when ``overlap``) and dumping servers and tiers between them."""
 
     def __init__(self, stack: contextlib.ExitStack, args: argparse.Namespace, logs: Path) -> None:
         self.workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(
@@ -534,7 +533,7 @@ def analyse(c: Campaign, base: list[tuple[int, int]], stock0: list[int],
             outcome: dict[str, Any]) -> dict[str, Any]:
     t0, dc_of = outcome["t0"], outcome["dc_of"]
     logs = {p: read_log(p) for p in dc_of}
-    warnings = [read_warnings(p.with_suffix(".err")) for p in dc_of]
+    warn_counts, discarded = read_warnings([p.with_suffix(".err") for p in dc_of])
     tables = [{m.__tablename__: [int(r[0]) for r in read_db(dc, sa.select(m.id))]
                for m in (Order, Line)} for dc in c.dcs]
     every = Counter(i for per_dc in tables for ids in per_dc.values() for i in ids)
@@ -557,8 +556,6 @@ def analyse(c: Campaign, base: list[tuple[int, int]], stock0: list[int],
                                    if s["t"] <= t and "stock" in s), 1)
     lasts = [log["E"][-1] if log["E"] else log["H"][-1] for log in logs.values()
              if log["E"] or log["H"]]
-    warn_counts = sum((w[0] for w in warnings), Counter())
-    discarded = sum(w[1] for w in warnings)
     beats = {p.name: log["H"] for p, log in logs.items()}  # held at a kill: the last heartbeat's
     held = sum(beats[k["log"]][-1]["held"] for k in outcome["kills"] if beats[k["log"]])
     clean = sum(e["burned"] for log in logs.values() for e in log["E"])
@@ -627,8 +624,7 @@ def analyse(c: Campaign, base: list[tuple[int, int]], stock0: list[int],
 
 
 def draw(env: dict[str, Any], res: dict[str, Any], duration: float, title: str) -> Any:
-    """Rows per second in each datacenter, above a timeline of the faults (a row per kind), the
-    failed inserts and the commits of duplicated ids."""
+    """Rows per second per datacenter, above a timeline of faults, failures and duplicates."""
     fig, (a1, a2) = h.pyplot().subplots(2, 1, figsize=(12, 7.5), sharex=True)
     fig.suptitle(f"{title}: {res['rows_written']:,} rows, {res['duplicates']} duplicates, "
                  f"{res['rows_lost']} lost, {res['failed_inserts']} failed inserts, "
