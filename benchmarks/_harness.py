@@ -8,9 +8,8 @@ processes, JSON and plots. A script is ``main(argv)``, a short declaration of wh
     return h.report(args, NAME, {"x": h.ratio_summary(timings, "a", "b", 1.2)}, title="...")
 
 Speed is only ever the **median of per-round ratios** of variants timed side by side in one
-process, order rotated each round, collector off (``benchmarks/README.md``); every JSON has the
-one shape :func:`report` writes. Only the library's public API is used
-(``tests/unit/test_benchmarks_public.py`` checks every file here).
+process, order rotated each round, collector off (``benchmarks/README.md``). Only the library's
+public API is used (``tests/unit/test_benchmarks_public.py`` checks every file here).
 """
 
 from __future__ import annotations
@@ -46,8 +45,7 @@ BACKENDS = ("sqlite", "postgresql", "mysql")
 SERVERS = {  # backend -> (environment variable, default): where throwaway databases are made
     "postgresql": ("TICKETS_BENCH_POSTGRESQL_URL",
                    "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"),
-    "mysql": ("TICKETS_BENCH_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/"),
-}
+    "mysql": ("TICKETS_BENCH_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/")}
 LABELS = {"sqlite": "SQLite", "postgresql": "PostgreSQL", "mysql": "MariaDB/MySQL"}
 SETTINGS = {  # what decides what a commit costs; in every JSON's environment["servers"]
     "postgresql": "SELECT version(), current_setting('fsync'), current_setting("
@@ -70,8 +68,7 @@ def parse_args(doc: str | None, argv: Sequence[str] | None = None,
                options: Mapping[str, Any] | None = None, *, backends: Sequence[str] = BACKENDS,
                peers: Sequence[str] = ()) -> argparse.Namespace:
     """The options every script takes, and its own (``options``: flag -> ``add_argument``
-    keywords). ``doc``, the script's docstring: its first paragraph is the help text, all of it
-    goes into the JSON; ``args.env``: the :func:`environment` (``peers``: packages compared)."""
+    keywords); ``doc``'s first paragraph is the help; ``peers``: packages compared."""
     parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     add = parser.add_argument
     for flag, keywords in (options or {}).items():
@@ -412,9 +409,8 @@ def window(call: Callable[[], Any], start: float, seconds: float,
 
 
 class Fleet(contextlib.AbstractContextManager):  # type: ignore[type-arg]
-    """Worker processes (``method`` spawn or fork), each running the module-level ``target(spec,
-    conn)`` with a pipe of its own (what it raises reaches the parent). :meth:`tell` sends to the
-    workers chosen (default: all), :meth:`hear` receives one message from each (an error or
+    """Worker processes (``method`` spawn or fork) running the module-level ``target(spec, conn)``,
+    each with a pipe: :meth:`tell` sends, :meth:`hear` receives one message from each (an error or
     silence raises). At the exit, ``grace`` seconds to end, then what still runs is killed."""
 
     def __init__(self, target: Callable[[Any, Any], None], specs: Sequence[Any] = (), *,
@@ -507,9 +503,8 @@ def report(args: argparse.Namespace, name: str, results: Mapping[str, Any], *,
            parameters: Mapping[str, Any] | None = None,
            checks: Mapping[str, Mapping[str, Any]] | None = None, figure: Any = None,
            title: str | None = None, **drawing: Any) -> int:
-    """Write ``<out>/<name>.json`` and ``.png`` (``figure``, else with a ``title`` the
-    :func:`ratio_figure` of ``results``), print the verdicts of ``checks`` and of every ratio with
-    a target; the exit status: 1 only if one failed and ``--strict``."""
+    """Write ``<out>/<name>.json`` and ``.png`` (``figure``, or with a ``title`` the
+    :func:`ratio_figure`), print the verdicts; exit status 1 only if one failed and --strict."""
     checks = {**{k: v for k, v in found(results, "ratios").items() if "target" in v},
               **(checks or {})}
     if figure is None and title is not None:
@@ -577,8 +572,7 @@ def found(results: Mapping[str, Any], key: str, path: tuple[str, ...] = ()) -> d
 def ratio_figure(title: str, env: Mapping[str, Any], results: Mapping[str, Any], *,
                  values: tuple[str, str, str] | None = None, log_scale: bool = False,
                  height: float = 5.0) -> Any:
-    """Every ratio summary in ``results`` as a bar, and with ``values = (key, title, unit)`` the
-    values under ``key`` beside them."""
+    """Every ratio in ``results`` as a bar; with ``values = (key, title, unit)``, ``key``'s too."""
     fig, axes = figure(2 if values else 1, title, env, height=height)
     ratio_panel(axes[0], found(results, "ratios"), "time ratio per round", log_scale=log_scale)
     if values:
@@ -588,8 +582,7 @@ def ratio_figure(title: str, env: Mapping[str, Any], results: Mapping[str, Any],
 
 def ratio_panel(ax: Any, rows: Mapping[str, Mapping[str, Any]], title: str, *,
                 log_scale: bool = False) -> None:
-    """One horizontal bar per ratio summary: the median, each round as a dot, the target as a
-    red tick (a red bar missed it), the median written beside the bar."""
+    """A bar per ratio summary (its median, written), its rounds as dots, its target a red tick."""
     for y, summary in enumerate(rows.values()):
         target, median = summary.get("target"), summary["median"]
         ax.barh(y, median, alpha=0.7, color="tab:red" if target is not None and median > target

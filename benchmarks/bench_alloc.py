@@ -41,8 +41,7 @@ def locked_counter() -> Any:
 
 
 def threaded(name: str, work: Any, ids: int) -> h.Variant:
-    """8 threads started untimed and parked on a barrier; the timed run releases and joins them
-    (``ids``: all threads' ids together)."""
+    """8 threads parked on a barrier (untimed); a run releases and joins them (``ids``: all's)."""
 
     def setup() -> list[Any]:
         barrier = threading.Barrier(THREADS + 1)

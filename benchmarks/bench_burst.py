@@ -97,8 +97,7 @@ def run_backend(backend: str, phases: list[Any], window: float) -> dict[str, Any
 
 
 def plot(results: dict[str, Any], env: dict[str, Any]) -> Any:
-    """Block size, ids in hand, round trips and blocking waits over time, a line per backend;
-    the warm-up shaded grey, the burst orange."""
+    """Four figures of ``stats()`` over time, a line per backend; warm-up grey, burst orange."""
     fig, axes = h.figure(4, "A tenfold burst through CachedSource(TicketServer(db), supply=2 s, "
                          "window=5 s)", env, "one process, real time; stats() every 100 ms",
                          width=4.5, left=0.05, wspace=0.3)

@@ -96,8 +96,7 @@ def run_child(code: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[
 
 def measure_group(variants: Mapping[str, tuple[str, str]], rounds: int, env: Mapping[str, str],
                   label: str) -> tuple[h.Timings, h.Timings, set[str]]:
-    """The group's timings as the children measured them (the import alone), the parent's (the
-    whole process), and the package files the children imported."""
+    """The group's timings by the children, by the parent (the whole child), the files imported."""
     inner, files = h.Timings.of(dict.fromkeys(variants, 1)), set()
 
     def runner(name: str, prelude: str, body: str) -> h.Variant:

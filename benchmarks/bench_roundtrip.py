@@ -31,8 +31,7 @@ GUARD = {  # backend -> (the guard's conditions, the query reading their paramet
     "postgresql": (f" AND tableoid::bigint = {{oid}} AND {TIMELINE} = {{timeline}}",
                    f"SELECT 'bench_raw'::regclass::oid::bigint AS oid, {TIMELINE} AS timeline"),
     "mysql": (f" AND @@server_id = {{server}} AND {INNODB_ID} = {{table}}",
-              f"SELECT @@server_id AS server, {INNODB_ID} AS `table`"),
-}
+              f"SELECT @@server_id AS server, {INNODB_ID} AS `table`")}
 
 
 def raw_takes(url: Any, backend: str) -> tuple[Any, Any, dict[str, Any]]:
