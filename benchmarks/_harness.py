@@ -125,14 +125,14 @@ def throwaway_database(backend: str) -> Iterator[URL]:
 
 
 def databases(stack: contextlib.ExitStack, *backends: str) -> list[str]:
-    """A throwaway database per backend named, as URL strings with passwords, until ``stack``."""
+    """A throwaway database per backend, as URL strings (passwords kept), dropped by ``stack``."""
     return [stack.enter_context(throwaway_database(b)).render_as_string(hide_password=False)
             for b in backends]
 
 
 def first_contact(bind: Any, sequences: Sequence[str], *, embedded: bool = False) -> None:
     """The sequences' ticket tables, stamps and identities made with :data:`SETUP_TIMEOUT` before
-    any clock starts (``embedded``: the embedded default's of the engine ``bind``)."""
+    any clock starts (``embedded``: those of the engine ``bind``'s embedded default)."""
     from sqlalchemy_tickets import TicketServer
 
     server = TicketServer(bind, timeout=SETUP_TIMEOUT, embedded=embedded)
@@ -362,7 +362,7 @@ def ratio_summary(timings: Timings, numerator: str, denominator: str,
 
 
 def check(value: float, target: float, passed: bool | None = None) -> dict[str, Any]:
-    """A check that is not a ratio: ``value`` at most ``target``, unless ``passed`` says."""
+    """A check that is not a ratio: passed if ``value`` <= ``target``, or as ``passed`` says."""
     return {"median": value, "target": target,
             "passed": value <= target if passed is None else passed}
 
