@@ -7,13 +7,9 @@ processes, JSON and plots. A script is ``main(argv)``, a short declaration of wh
         timings = h.interleave(variants, h.rounds(args, 21))
     return h.report(args, NAME, {"x": h.ratio_summary(timings, "a", "b", 1.2)}, title="...")
 
-Speed is only ever a ratio of variants timed side by side in one process, in rounds of rotating
-order, collector off: the figure reported is the **median of the per-round ratios**
-(``benchmarks/README.md``). Every JSON has one shape: ``benchmark``, ``description`` (the
-docstring), ``environment`` (versions, commit, digest of ``src/``, servers' settings, load),
-``parameters`` (with ``smoke``, ``backends``, ``seed``), ``results``, ``checks`` (each
-``{"median", "target", "passed", ...}``) and ``passed``. Only the library's public API is used
-(``tests/unit/test_benchmarks_public.py`` checks every file here).
+Speed is only ever the **median of per-round ratios** of variants timed side by side in one
+process, order rotated each round, collector off (``benchmarks/README.md``). Only the library's
+public API is used (``tests/unit/test_benchmarks_public.py`` checks every file here).
 """
 
 from __future__ import annotations
@@ -49,8 +45,7 @@ BACKENDS = ("sqlite", "postgresql", "mysql")
 SERVERS = {  # backend -> (environment variable, default): where throwaway databases are made
     "postgresql": ("TICKETS_BENCH_POSTGRESQL_URL",
                    "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"),
-    "mysql": ("TICKETS_BENCH_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/"),
-}
+    "mysql": ("TICKETS_BENCH_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/")}
 LABELS = {"sqlite": "SQLite", "postgresql": "PostgreSQL", "mysql": "MariaDB/MySQL"}
 SETTINGS = {  # what decides what a commit costs; in every JSON's environment["servers"]
     "postgresql": "SELECT version(), current_setting('fsync'), current_setting("
@@ -69,13 +64,11 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
-# -- command line ------------------------------------------------------------------------------
 def parse_args(doc: str | None, argv: Sequence[str] | None = None,
-               options: Mapping[str, Mapping[str, Any]] | None = None, *,
-               backends: Sequence[str] = BACKENDS, peers: Sequence[str] = ()) -> argparse.Namespace:
+               options: Mapping[str, Any] | None = None, *, backends: Sequence[str] = BACKENDS,
+               peers: Sequence[str] = ()) -> argparse.Namespace:
     """The options every script takes, and its own (``options``: flag -> ``add_argument``
-    keywords). ``doc``, the script's docstring: its first paragraph is the help text, all of it
-    goes into the JSON; ``args.env``: the :func:`environment` (``peers``: packages compared)."""
+    keywords); ``doc``'s first paragraph is the help; ``peers``: packages compared."""
     parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     add = parser.add_argument
     for flag, keywords in (options or {}).items():
@@ -96,25 +89,28 @@ def parse_args(doc: str | None, argv: Sequence[str] | None = None,
     return args
 
 
+def ints(text: str) -> list[int]:
+    """An option's comma-separated whole numbers (``--procs 2,8,24``)."""
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
 def rounds(args: argparse.Namespace, full: int) -> int:
     """``--rounds``, else 1 in smoke mode, else the script's ``full``."""
     return int(args.rounds or (1 if args.smoke else full))
 
 
-# -- databases ---------------------------------------------------------------------------------
 @contextlib.contextmanager
-def throwaway_database(backend: str, server: str | None = None) -> Iterator[URL]:
+def throwaway_database(backend: str) -> Iterator[URL]:
     """A new empty database ``tickets_bench_<hex>``, dropped afterwards whatever happens: SQLite,
-    a file in a new temporary directory; servers, ``CREATE DATABASE`` on ``server``, else the
-    one ``$TICKETS_BENCH_<BACKEND>_URL`` names, then ``DROP DATABASE`` (PostgreSQL ``WITH (FORCE)``:
-    a connection a failed run left must not keep it)."""
+    a file in a temporary directory; servers, on the one ``$TICKETS_BENCH_<BACKEND>_URL`` names
+    (PostgreSQL ``DROP ... WITH (FORCE)``: a connection a failed run left must not keep it)."""
     name = f"tickets_bench_{uuid.uuid4().hex[:12]}"
     log(f"[{backend}] a throwaway database, {name}")
     if backend == "sqlite":
         with tempfile.TemporaryDirectory(prefix="tickets_bench_", ignore_cleanup_errors=True) as d:
             yield URL.create("sqlite", database=os.path.join(d, f"{name}.db"))
         return
-    server_url = make_url(server or os.environ.get(*SERVERS[backend]))
+    server_url = make_url(os.environ.get(*SERVERS[backend]))
     admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
     quoted = admin.dialect.identifier_preparer.quote(name)
     force = " WITH (FORCE)" if backend == "postgresql" else ""
@@ -129,30 +125,25 @@ def throwaway_database(backend: str, server: str | None = None) -> Iterator[URL]
 
 
 def databases(stack: contextlib.ExitStack, *backends: str) -> list[str]:
-    """A throwaway database per name in ``backends``, as URL strings (password kept: worker
-    processes take them), dropped when ``stack`` closes."""
-    return [plain(stack.enter_context(throwaway_database(b))) for b in backends]
-
-
-def plain(url: URL | str) -> str:
-    return url if isinstance(url, str) else url.render_as_string(hide_password=False)
+    """A throwaway database per backend, as URL strings (passwords kept), dropped by ``stack``."""
+    return [stack.enter_context(throwaway_database(b)).render_as_string(hide_password=False)
+            for b in backends]
 
 
 def first_contact(bind: Any, sequences: Sequence[str], *, embedded: bool = False) -> None:
-    """The sequences' ticket tables, stamps and identities made with :data:`SETUP_TIMEOUT`,
-    before any clock starts (``embedded``: where the embedded default of the engine ``bind``
-    keeps them). The sources timed afterwards keep their defaults and meet existing tables."""
+    """The sequences' ticket tables, stamps and identities made with :data:`SETUP_TIMEOUT` before
+    any clock starts (``embedded``: those of the engine ``bind``'s embedded default)."""
     from sqlalchemy_tickets import TicketServer
 
-    with contextlib.closing(TicketServer(bind, timeout=SETUP_TIMEOUT, embedded=embedded)) as server:
+    server = TicketServer(bind, timeout=SETUP_TIMEOUT, embedded=embedded)
+    with contextlib.closing(server):
         for sequence in sequences:
             server.next_block(sequence, 1)
 
 
 def tier_contact(dc: str, upstream: Any, sequences: Sequence[str], **settings: Any) -> None:
-    """A datacenter database's tier tables, and the sequences' state rows and first stock made
-    through ``upstream`` by a tier at ``settings`` (those of the tiers timed afterwards), with
-    :data:`SETUP_TIMEOUT` and refills awaited: before any clock starts."""
+    """A datacenter's tier tables and the sequences' first stock, through ``upstream`` by a tier at
+    ``settings`` (those timed afterwards), with :data:`SETUP_TIMEOUT`, before any clock starts."""
     from sqlalchemy_tickets import DatacenterTier
     from sqlalchemy_tickets.sources.datacenter import create_datacenter_tables
 
@@ -163,14 +154,33 @@ def tier_contact(dc: str, upstream: Any, sequences: Sequence[str], **settings: A
         tier.wait_idle(30.0)
 
 
+def pair_contact(pair: Sequence[str], sequence: str,
+                 tiers: Mapping[str, Mapping[str, Any]]) -> None:
+    """The sequence's rows on both servers of ``pair``, its first stock in each of ``tiers``."""
+    from sqlalchemy_tickets import TicketServers
+
+    with contextlib.closing(TicketServers(pair, timeout=SETUP_TIMEOUT)) as servers:
+        servers.next_id(sequence)
+        servers.next_id(sequence)
+        for dc, settings in tiers.items():
+            tier_contact(dc, servers, [sequence], **settings)
+
+
+def stock(dc: str, sequence: str) -> dict[str, Any]:
+    """The datacenter's stock of ``sequence`` (``describe_datacenter``), as a dict."""
+    from sqlalchemy_tickets.sources.datacenter import describe_datacenter
+
+    found = [s for s in describe_datacenter(dc, timeout=10.0) if s.sequence == sequence]
+    return found[0].as_dict() if found else {"stock": 0, "rate": 0.0, "runway": None}
+
+
 class Base(DeclarativeBase):
     """The declarative base of the scripts' ORM models (a script's process holds its own)."""
 
 
 @contextlib.contextmanager
 def throwaway_engine(backend: str, metadata: sa.MetaData | None = None) -> Iterator[sa.Engine]:
-    """An engine on a :func:`throwaway_database` with ``metadata``'s tables made; disposed at the
-    exit (an embedded default of the engine is closed with it)."""
+    """An engine on a :func:`throwaway_database` with ``metadata``'s tables, disposed at exit."""
     with throwaway_database(backend) as url:
         engine = sa.create_engine(url)
         try:
@@ -196,7 +206,6 @@ def count_rows(engine: sa.Engine, table: sa.Table) -> int:
         return int(conn.scalar(sa.select(sa.func.count()).select_from(table)) or 0)
 
 
-# -- environment -------------------------------------------------------------------------------
 def git(*args: str) -> str | None:
     try:
         return subprocess.run(["git", *args], cwd=REPO_DIR, capture_output=True, text=True,
@@ -210,8 +219,7 @@ def load() -> list[float]:
 
 
 def environment(*peers: str) -> dict[str, Any]:
-    """Versions of everything on the measured path (``peers``: other packages compared), the
-    commit and a digest of ``src/`` (which code was measured), and how busy the machine was."""
+    """Versions on the measured path (``peers``: packages compared), commit, src digest, load."""
     digest = hashlib.sha256()
     for path in sorted((REPO_DIR / "src").rglob("*.py")):
         digest.update(str(path.relative_to(REPO_DIR)).encode() + b"\0" + path.read_bytes())
@@ -228,12 +236,10 @@ def environment(*peers: str) -> dict[str, Any]:
             "src_sha256": digest.hexdigest(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
-# -- side-by-side timing -----------------------------------------------------------------------
 def loop(call: Callable[..., Any], n: int, *args: Any,
          nones: list[int] | None = None) -> Callable[[Any], None]:
     """A variant's ``run``: ``call(*args)`` ``n`` times, in the cheapest Python loop there is.
-    With ``nones``, for a generator that may return ``None`` (snowflake-id does when a
-    millisecond's ids are spent), ``call()``: each run appends how many it missed to ``nones``."""
+    With ``nones`` (a generator returning ``None``: snowflake-id), each run appends its misses."""
 
     def run(_: Any = None) -> None:
         for _ in repeat(None, n):
@@ -251,9 +257,8 @@ def loop(call: Callable[..., Any], n: int, *args: Any,
 
 @dataclass
 class Variant:
-    """One thing to time. ``setup()`` (untimed) returns what ``run(state)`` (timed) takes;
-    ``teardown(state)`` (untimed) runs after it. ``per``: units (ids, calls) one run makes, so
-    variants making different numbers of them compare per unit."""
+    """One thing to time: ``setup()`` (untimed) returns what ``run(state)`` (timed) takes, then
+    ``teardown(state)`` (untimed). ``per``: units (ids, calls) a run makes, compared per unit."""
 
     name: str
     run: Callable[[Any], Any]
@@ -262,9 +267,10 @@ class Variant:
     per: int = 1
 
 
-def watched(variant: Variant, source: Any, into: list[int], key: str = "blocking_waits") -> Variant:
-    """``variant`` with ``source``'s refills awaited before each run (untimed) and the growth of
-    ``source.stats()[key]`` over each run appended to ``into`` (the warm-up round's first)."""
+def watched(variant: Variant, source: Any, into: list[int], key: str = "blocking_waits"
+            ) -> Variant:
+    """``variant`` with ``source``'s refills awaited before each run and the growth of
+    ``source.stats()[key]`` over each run (the warm-up round's first) appended to ``into``."""
 
     def setup() -> Any:
         source.wait_idle(30.0)
@@ -288,6 +294,11 @@ class Timings:
     per: dict[str, int] = field(default_factory=dict)
     orders: list[list[str]] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, per: Mapping[str, int]) -> Timings:
+        """No runs yet of the variants ``per`` names, with their units per run."""
+        return cls({n: [] for n in per}, {n: [] for n in per}, dict(per))
+
     def unit(self, name: str, cpu: bool = False) -> list[float]:
         """Seconds per unit (id, call) of each round."""
         return [s / self.per[name] for s in (self.cpu_seconds if cpu else self.seconds)[name]]
@@ -300,19 +311,18 @@ class Timings:
         pairs = zip(self.unit(numerator, cpu), self.unit(denominator, cpu), strict=True)
         return [a / b for a, b in pairs]
 
-    def to_json(self) -> dict[str, Any]:
-        return {"run_orders": self.orders, "units_per_run": self.per,
+    def to_json(self, per_unit: str | None = None, scale: float = 1.0) -> dict[str, Any]:
+        """Every raw timing, after the median time per unit times ``scale`` under ``per_unit``."""
+        medians = {per_unit: {n: self.median(n) * scale for n in self.seconds}} if per_unit else {}
+        return {**medians, "run_orders": self.orders, "units_per_run": self.per,
                 "seconds_per_round": self.seconds, "cpu_seconds_per_round": self.cpu_seconds,
                 "median_seconds_per_unit": {n: self.median(n) for n in self.seconds}}
 
 
 def interleave(variants: Sequence[Variant], rounds: int, *, warmup: int = 1,
                label: str = "") -> Timings:
-    """Time every variant once per round, rotating their order each round (ABC, BCA, CAB...),
-    after ``warmup`` untimed rounds (pools, statement caches)."""
-    timings = Timings(per={v.name: v.per for v in variants})
-    for v in variants:
-        timings.seconds[v.name], timings.cpu_seconds[v.name] = [], []
+    """Every variant once per round, order rotated (ABC, BCA, CAB...), after ``warmup`` rounds."""
+    timings = Timings.of({v.name: v.per for v in variants})
     for index in range(-warmup, rounds):
         shift = index % len(variants)
         order = list(variants[shift:]) + list(variants[:shift])
@@ -352,8 +362,7 @@ def ratio_summary(timings: Timings, numerator: str, denominator: str,
 
 
 def check(value: float, target: float, passed: bool | None = None) -> dict[str, Any]:
-    """A check that is not a ratio: ``value`` against ``target`` (a most, unless ``passed``
-    says otherwise)."""
+    """A check that is not a ratio: passed if ``value`` <= ``target``, or as ``passed`` says."""
     return {"median": value, "target": target,
             "passed": value <= target if passed is None else passed}
 
@@ -378,9 +387,8 @@ def timed(call: Callable[..., Any], *args: Any) -> tuple[float, Any]:
 def window(call: Callable[[], Any], start: float, seconds: float,
            catch: type[BaseException] | tuple[type[BaseException], ...] = ()
            ) -> tuple[list[float], list[Any], list[str]]:
-    """``call()`` back to back from the monotonic instant ``start`` (as :meth:`Fleet.go` sends
-    it) for ``seconds``, collector off: each call's latency in seconds and its result, and the
-    ``repr`` of what calls raised of the types ``catch`` (those calls are not timed)."""
+    """``call()`` back to back from the monotonic instant ``start`` (:meth:`Fleet.go`) for
+    ``seconds``, collector off: latencies, results, and ``repr`` of errors of types ``catch``."""
     latencies, results, errors, clock, now = [], [], [], time.perf_counter, time.monotonic
     gc.collect()
     gc.disable()
@@ -400,14 +408,10 @@ def window(call: Callable[[], Any], start: float, seconds: float,
     return latencies, results, errors
 
 
-# -- processes ---------------------------------------------------------------------------------
 class Fleet(contextlib.AbstractContextManager):  # type: ignore[type-arg]
-    """Worker processes (``multiprocessing``; ``method`` spawn: fresh interpreters, fork: copies
-    of this one), each running the module-level ``target(spec, conn)`` with a pipe of its own
-    (an exception it raises reaches the parent), started from ``specs`` and by :meth:`start`
-    while others run. :meth:`tell` sends to the workers chosen (default: all), :meth:`hear`
-    receives one message from each (an error, or a worker gone silent, raises). At its exit it
-    gives them ``grace`` seconds to end by themselves, then kills what still runs."""
+    """Worker processes (``method`` spawn or fork) running the module-level ``target(spec, conn)``,
+    each with a pipe: :meth:`tell` sends, :meth:`hear` receives one message from each (an error or
+    silence raises). At the exit, ``grace`` seconds to end, then what still runs is killed."""
 
     def __init__(self, target: Callable[[Any, Any], None], specs: Sequence[Any] = (), *,
                  method: str = "spawn", grace: float = 0.0) -> None:
@@ -467,8 +471,8 @@ class Fleet(contextlib.AbstractContextManager):  # type: ignore[type-arg]
 
 
 def work(target: Callable[[Any, Any], None], spec: Any, conn: Any) -> None:
-    """A :class:`Fleet` worker: ``target(spec, conn)``; what it raises goes to the parent (and
-    to stderr: some parents, the campaign's, hear nothing from their workers)."""
+    """A :class:`Fleet` worker: what ``target`` raises goes to the parent, and to stderr (some
+    parents, the campaign's, hear nothing from their workers)."""
     try:
         target(spec, conn)
     except BaseException:
@@ -495,15 +499,12 @@ def source_tree(ref: str, *, missing_ok: bool = False) -> Iterator[tuple[Path, s
         yield Path(d) / "src", commit
 
 
-# -- reports -----------------------------------------------------------------------------------
 def report(args: argparse.Namespace, name: str, results: Mapping[str, Any], *,
            parameters: Mapping[str, Any] | None = None,
            checks: Mapping[str, Mapping[str, Any]] | None = None, figure: Any = None,
            title: str | None = None, **drawing: Any) -> int:
-    """Write ``<out>/<name>.json`` and ``.png`` (``figure``, else with a ``title`` the
-    :func:`ratio_figure` of ``results``), print the verdicts of the checks (every ratio summary
-    with a target in ``results``, and ``checks``); the exit status: 1 only if one failed and
-    ``--strict``."""
+    """Write ``<out>/<name>.json`` and ``.png`` (``figure``, or with a ``title`` the
+    :func:`ratio_figure`), print the verdicts; exit status 1 only if one failed and --strict."""
     checks = {**{k: v for k, v in found(results, "ratios").items() if "target" in v},
               **(checks or {})}
     if figure is None and title is not None:
@@ -542,13 +543,14 @@ def pyplot() -> Any:
 
 
 def figure(panels: int, title: str, env: Mapping[str, Any], note: str = RATIO_NOTE, *,
-           width: float = 6.0, height: float = 5.0) -> tuple[Any, list[Any]]:
-    """A figure of ``panels`` side-by-side axes, a title, and a footnote ending in the load."""
+           width: float = 6.0, height: float = 5.0, **adjust: float) -> tuple[Any, list[Any]]:
+    """``panels`` axes side by side, a title, a footnote with the load; ``adjust``: layout."""
     fig, axes = pyplot().subplots(1, panels, figsize=(width * panels + 1, height), squeeze=False)
     fig.suptitle(title, fontsize=12)
     fig.text(0.01, 0.01, f"{note}; load avg {env.get('load_average_at_start')} at start",
              fontsize=7.5, color="dimgray")
-    fig.subplots_adjust(left=0.3 / panels + 0.08, right=0.97, wspace=0.8, bottom=0.14, top=0.86)
+    fig.subplots_adjust(**{"left": 0.3 / panels + 0.08, "right": 0.97, "wspace": 0.8,
+                           "bottom": 0.14, "top": 0.86, **adjust})
     return fig, list(axes[0])
 
 
@@ -570,8 +572,7 @@ def found(results: Mapping[str, Any], key: str, path: tuple[str, ...] = ()) -> d
 def ratio_figure(title: str, env: Mapping[str, Any], results: Mapping[str, Any], *,
                  values: tuple[str, str, str] | None = None, log_scale: bool = False,
                  height: float = 5.0) -> Any:
-    """The usual picture: every ratio summary in ``results`` as a bar (:func:`ratio_panel`), and
-    beside it, with ``values = (key, title, unit)``, the values under ``key``."""
+    """Every ratio in ``results`` as a bar; with ``values = (key, title, unit)``, ``key``'s too."""
     fig, axes = figure(2 if values else 1, title, env, height=height)
     ratio_panel(axes[0], found(results, "ratios"), "time ratio per round", log_scale=log_scale)
     if values:
@@ -581,8 +582,7 @@ def ratio_figure(title: str, env: Mapping[str, Any], results: Mapping[str, Any],
 
 def ratio_panel(ax: Any, rows: Mapping[str, Mapping[str, Any]], title: str, *,
                 log_scale: bool = False) -> None:
-    """One horizontal bar per ratio summary: the median, each round as a dot, the target as a
-    red tick (a red bar missed it), the median written beside the bar."""
+    """A bar per ratio summary (its median, written), its rounds as dots, its target a red tick."""
     for y, summary in enumerate(rows.values()):
         target, median = summary.get("target"), summary["median"]
         ax.barh(y, median, alpha=0.7, color="tab:red" if target is not None and median > target
@@ -604,8 +604,7 @@ def value_panel(ax: Any, values: Mapping[str, float], title: str, unit: str, *,
     ax.barh(range(len(values)), list(values.values()), color="tab:green", alpha=0.7)
     for y, value in enumerate(values.values()):
         ax.annotate(f"{value:,.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}", (value, y),
-                    xytext=(3, -3),
-                    textcoords="offset points", fontsize=8)
+                    xytext=(3, -3), textcoords="offset points", fontsize=8)
     finish(ax, list(values), title, log_scale)
 
 

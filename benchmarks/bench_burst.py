@@ -1,18 +1,14 @@
 """A tenfold burst through ``CachedSource`` in real time (HubSpot's VTickets figure), per backend.
 
-A load generator paced by the monotonic clock calls ``CachedSource.next_id("burst")`` at R =
-2,000 ids/s for 3 s (warm-up), R for 10 s, 10 R for 10 s, then R for 20 s (``--smoke``:
-0.2/0.3/0.3/0.6 s), through ``CachedSource(TicketServer(db), supply=2.0, window=5.0)``: every
-phase needs several round trips. ``stats()`` sampled every 100 ms. Per phase: ids, rate, round
-trips (per 1,000 ids), blocking waits, block sizes, fewest ids in hand, slowest ``next_id``.
-Target: 0 blocking waits after the warm-up.
+``CachedSource(TicketServer(db), supply=2.0, window=5.0).next_id`` paced at R = 2,000 ids/s for
+3 s (warm-up), R for 10 s, 10 R for 10 s, R for 20 s; per phase: ids, round trips, blocking
+waits, block sizes, ids in hand, slowest call. Target: 0 blocking waits after the warm-up.
 
     .venv/bin/python benchmarks/bench_burst.py [--smoke] [--backends postgresql,mysql]
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
@@ -70,14 +66,13 @@ def summarize(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for a, b in zip(marks, marks[1:], strict=False):
         inside = [s for s in samples if a["t"] < s["t"] <= b["t"]]
         ids, trips = b["ids"] - a["ids"], b["round_trips"] - a["round_trips"]
-        out.append({
-            "phase": a["phase"], "ids": ids, "achieved_rate": ids / max(b["t"] - a["t"], 1e-9),
-            "round_trips": trips, "round_trips_per_1000_ids": trips / ids * 1000 if ids else None,
-            "blocking_waits": b["blocking_waits"] - a["blocking_waits"],
-            "block_sizes": sorted({s["block_size"] for s in inside}),
-            "min_in_hand": min((s["in_hand"] for s in inside), default=None),
-            "worst_next_id_ms": max((s["worst_ms"] for s in inside), default=0.0),
-        })
+        out.append({"phase": a["phase"], "ids": ids,
+                    "achieved_rate": ids / max(b["t"] - a["t"], 1e-9), "round_trips": trips,
+                    "round_trips_per_1000_ids": trips / ids * 1000 if ids else None,
+                    "blocking_waits": b["blocking_waits"] - a["blocking_waits"],
+                    "block_sizes": sorted({s["block_size"] for s in inside}),
+                    "min_in_hand": min((s["in_hand"] for s in inside), default=None),
+                    "worst_next_id_ms": max((s["worst_ms"] for s in inside), default=0.0)})
     return out
 
 
@@ -102,11 +97,10 @@ def run_backend(backend: str, phases: list[Any], window: float) -> dict[str, Any
 
 
 def plot(results: dict[str, Any], env: dict[str, Any]) -> Any:
-    """Block size, ids in hand, round trips and blocking waits over time, a line per backend;
-    the warm-up shaded grey, the burst orange."""
+    """Four figures of ``stats()`` over time, a line per backend; warm-up grey, burst orange."""
     fig, axes = h.figure(4, "A tenfold burst through CachedSource(TicketServer(db), supply=2 s, "
                          "window=5 s)", env, "one process, real time; stats() every 100 ms",
-                         width=4.5)
+                         width=4.5, left=0.05, wspace=0.3)
     marks = [s["t"] for s in next(iter(results.values()))["samples"] if "phase" in s]
     for ax, key in zip(axes, ("block_size", "in_hand", "round_trips", "blocking_waits"),
                        strict=True):
@@ -118,7 +112,6 @@ def plot(results: dict[str, Any], env: dict[str, Any]) -> Any:
         ax.set_title(key.replace("_", " "), fontsize=10)
         ax.set_xlabel("seconds", fontsize=9)
     axes[0].legend(fontsize=7)
-    fig.subplots_adjust(left=0.05, wspace=0.3)
     return fig
 
 
@@ -136,4 +129,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

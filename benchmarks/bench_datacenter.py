@@ -1,23 +1,11 @@
 """The datacenter tier across processes: global round trips by process count, ids burned by a
 rolling restart, and blocking waits through a global outage.
 
-Worker processes take ids of one sequence at a steady rate through ``CachedSource(DatacenterTier(dc,
-upstream=pair))`` ("tier") or ``CachedSource(pair)`` ("no tier"), ``pair`` being ``TicketServers``
-over two global PostgreSQL databases, the datacenters a PostgreSQL and a MariaDB database.
-
-1. **Global round trips per minute**, P = 2, 4, 8, 16, 24 processes at 5 ids/s, with and without
-   the tier (``supply=10``: it refills within the window), over 60 s after 20 s. **Targets: flat
-   in P with the tier (most / fewest <= 2); no blocking wait.**
-2. **A rolling restart** of 8 processes (10 ids/s) after 20 s, each closed or SIGKILLed and
-   replaced; burned = ids the pair issued − ids taken − stock growth − ids the new caches hold,
-   against what each stopped cache held (HubSpot's layout burns it all). **Targets: 0 burned
-   clean; at most held when killed.** Also: a clean restart without the tier.
-3. **A 60 s global outage** (30 s refused, 30 s hung, through the test suite's TCP proxy) under 2
-   processes per datacenter at 20 ids/s: blocking waits, failed and slow calls, against the
-   runway at the cut. **Target: 0 blocking waits within the runway.** A third datacenter
-   (``supply=20``) runs out within the outage: its first failure is shown.
-
-``--smoke``: one P, one process per restart, seconds-long phases.
+Workers take ids through ``CachedSource(DatacenterTier(dc, upstream=pair))`` or
+``CachedSource(pair)``, ``pair`` two global PostgreSQL databases. Targets: global round trips
+flat in P with the tier (most / fewest <= 2) and no blocking wait; a rolling restart burns 0
+ids when clean, at most those held when killed; 0 blocking waits within the runway through a
+60 s outage of the pair. ``--smoke``: one P, one process per restart, seconds-long phases.
 
     .venv/bin/python benchmarks/bench_datacenter.py [--smoke] [--backends postgresql,mysql]
 """
@@ -25,7 +13,6 @@ over two global PostgreSQL databases, the datacenters a PostgreSQL and a MariaDB
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -35,7 +22,6 @@ import _harness as h
 
 sys.path.insert(0, str(h.REPO_DIR / "tests"))
 from sqlalchemy_tickets import CachedSource, DatacenterTier, TicketsError, TicketServers  # noqa: E402
-from sqlalchemy_tickets.sources.datacenter import describe_datacenter  # noqa: E402
 from support.rewind import FollowingProxy  # noqa: E402  (the test suite's real TCP proxy)
 
 NAME = "bench_datacenter"
@@ -44,12 +30,12 @@ SHORT_TIER = {"supply": 20.0, "min_block": 10}  # runs out within the outage
 SLOW_CALL = 0.02  # seconds: a call this slow is recorded with its time
 
 
-def worker(spec: dict[str, Any], pipe: Any) -> None:
-    """Take ids of ``spec["sequence"]`` at ``spec["rate"]`` per second until told otherwise.
-    Commands on ``pipe``: ``stats`` (answer, go on), ``pause`` (stop taking, await refills,
-    answer), ``close`` (``CachedSource.close()``, answer with what it burned, exit)."""
-    pair = TicketServers(spec["pair"], backoff=0.5, max_backoff=2.0)
-    tier = spec["dc"] and DatacenterTier(spec["dc"], upstream=pair, **spec["tier"])
+def worker(spec: tuple[list[str], str | None, str, float, dict[str, Any]], pipe: Any) -> None:
+    """Take ids at ``rate`` per second; on ``pipe``, ``stats``: answer; ``pause``: stop taking,
+    await refills, answer; ``close``: ``CachedSource.close()``, answer, exit."""
+    pair_urls, dc, sequence, rate, settings = spec
+    pair = TicketServers(pair_urls, backoff=0.5, max_backoff=2.0)
+    tier = dc and DatacenterTier(dc, upstream=pair, **settings)
     cache = CachedSource(tier or pair)
     used = failures = 0
     first_failure: float | None = None
@@ -57,11 +43,9 @@ def worker(spec: dict[str, Any], pipe: Any) -> None:
 
     def snapshot() -> dict[str, Any]:
         c, t = cache.stats(), tier.stats() if tier else {}
-        return {"pid": os.getpid(), "at": time.monotonic(), "used": used, "failures": failures,
-                "first_failure": first_failure, "slow_calls": list(slow),
-                "held": c["in_hand"] + c["in_flight"],
-                "cache": {k: c[k] for k in ("round_trips", "blocking_waits", "in_hand")},
-                "tier": {k: t.get(k, 0) for k in ("round_trips", "blocking_waits", "failures")},
+        return {"used": used, "failures": failures, "first_failure": first_failure,
+                "slow_calls": list(slow), "held": c["in_hand"] + c["in_flight"],
+                "cache_waits": c["blocking_waits"], "tier_waits": t.get("blocking_waits", 0),
                 "global_round_trips": pair.stats()["round_trips"]}
 
     pipe.send("ready")
@@ -81,11 +65,11 @@ def worker(spec: dict[str, Any], pipe: Any) -> None:
                 pipe.send({**before, "burned_at_close": burned})
                 return
             pipe.send(snapshot())
-        due = used if paused else int((time.monotonic() - start) * spec["rate"])
+        due = used if paused else int((time.monotonic() - start) * rate)
         while used < due:
             began = time.monotonic()
             try:
-                cache.next_id(spec["sequence"])
+                cache.next_id(sequence)
                 used += 1
             except TicketsError:
                 failures += 1
@@ -105,23 +89,9 @@ def issued(pair: Sequence[str], sequence: str) -> int:
     return sum(i.last_id // i.increment for i in infos if i is not None and i.last_id)
 
 
-def stock(dc: str, sequence: str) -> dict[str, Any]:
-    found = [s for s in describe_datacenter(dc, timeout=10.0) if s.sequence == sequence]
-    return found[0].as_dict() if found else {"stock": 0, "rate": 0.0, "runway": None}
-
-
-def prime(pair: Sequence[str], sequence: str, tiers: dict[str, dict[str, Any]]) -> None:
-    """The sequence's ticket rows on both global servers, and its first stock in the datacenters
-    ``tiers`` names, each at the settings its workers use (:func:`_harness.tier_contact`)."""
-    with contextlib.closing(TicketServers(pair, timeout=h.SETUP_TIMEOUT)) as servers:
-        servers.next_id(sequence)
-        servers.next_id(sequence)
-        for dc, settings in tiers.items():
-            h.tier_contact(dc, servers, [sequence], **settings)
-
-
-def spec(pair: list[str], dc: str | None, seq: str, rate: float, tier: Any) -> dict[str, Any]:
-    return {"pair": pair, "dc": dc, "sequence": seq, "rate": rate, "tier": tier}
+def grew(after: list[Any], before: list[Any], key: str, members: Sequence[int] = ()) -> int:
+    """The growth of the workers' ``key`` from snapshots ``before`` to ``after`` (``members``)."""
+    return sum(after[i][key] - before[i][key] for i in members or range(len(after)))
 
 
 def scaling(urls: dict[str, Any], counts: Sequence[int], rate: float, warmup: float,
@@ -131,19 +101,16 @@ def scaling(urls: dict[str, Any], counts: Sequence[int], rate: float, warmup: fl
         for p in counts:
             seq = f"scale_{'tier' if tiered else 'none'}_{p}"
             dcs = [urls["dcs"][i % 2] for i in range(p)]
-            prime(urls["pair"], seq, dict.fromkeys(dcs, FAST_TIER) if tiered else {})
-            with h.Fleet(worker, [spec(urls["pair"], dc if tiered else None, seq, rate, FAST_TIER)
+            h.pair_contact(urls["pair"], seq, dict.fromkeys(dcs, FAST_TIER) if tiered else {})
+            with h.Fleet(worker, [(urls["pair"], dc if tiered else None, seq, rate, FAST_TIER)
                                   for dc in dcs]) as fleet:
                 fleet.go(delay=0.0)  # they all start taking ids at once
                 time.sleep(warmup)
                 before = fleet.ask("stats")
                 time.sleep(window)
                 after = fleet.ask("stats")
-            pairs = list(zip(after, before, strict=True))
-            trips = sum(a["global_round_trips"] - b["global_round_trips"] for a, b in pairs)
-            took = sum(a["used"] - b["used"] for a, b in pairs)
-            waits = sum(a["cache"]["blocking_waits"] - b["cache"]["blocking_waits"]
-                        for a, b in pairs)
+            trips, took = (grew(after, before, k) for k in ("global_round_trips", "used"))
+            waits = grew(after, before, "cache_waits")
             out[variant][p] = {"global_round_trips_per_minute": trips * 60 / window,
                                "global_round_trips_in_window": trips, "ids_taken_in_window": took,
                                "ids_per_second": took / window, "blocking_waits_in_window": waits,
@@ -157,10 +124,13 @@ def restart(urls: dict[str, Any], how: str, tiered: bool, n: int, rate: float,
             warmup: float) -> dict[str, Any]:
     seq = f"restart_{how}_{'tier' if tiered else 'none'}"
     dcs = [urls["dcs"][i % 2] for i in range(n)]
-    prime(urls["pair"], seq, dict.fromkeys(dcs, {}) if tiered else {})
-    stocked = lambda: sum(stock(dc, seq)["stock"] for dc in set(dcs)) if tiered else 0  # noqa: E731
+    h.pair_contact(urls["pair"], seq, dict.fromkeys(dcs, {}) if tiered else {})
+
+    def stocked() -> int:
+        return sum(h.stock(dc, seq)["stock"] for dc in set(dcs)) if tiered else 0
+
     base, stock_base = issued(urls["pair"], seq), stocked()
-    specs = [spec(urls["pair"], dc if tiered else None, seq, rate, {}) for dc in dcs]
+    specs = [(urls["pair"], dc if tiered else None, seq, rate, {}) for dc in dcs]
     stopped = []
     with h.Fleet(worker, specs) as fleet:
         fleet.go(delay=0.0)
@@ -196,10 +166,10 @@ def outage(urls: dict[str, Any], per_dc: int, rate: float, warmup: float,
     with contextlib.ExitStack() as stack:  # the workers killed, then the proxies closed
         proxies = [stack.enter_context(FollowingProxy.for_url(url)) for url in urls["pair"]]
         pair = [p.url(url) for p, url in zip(proxies, urls["pair"], strict=True)]
-        prime(pair, seq, {dcs[0]: {}, dcs[1]: {}, dcs[2]: SHORT_TIER})
-        specs = [spec(pair, dcs[i % 2], seq, rate, {}) for i in range(2 * per_dc)]
-        fleet = stack.enter_context(h.Fleet(worker, [*specs, spec(pair, dcs[2], seq, rate,
-                                                                  SHORT_TIER)]))
+        h.pair_contact(pair, seq, {dcs[0]: {}, dcs[1]: {}, dcs[2]: SHORT_TIER})
+        specs = [(pair, dcs[i % 2], seq, rate, {}) for i in range(2 * per_dc)]
+        fleet = stack.enter_context(h.Fleet(worker, [*specs, (pair, dcs[2], seq, rate,
+                                                              SHORT_TIER)]))
         fleet.go(delay=0.0)
         t0 = time.monotonic()
 
@@ -217,7 +187,7 @@ def outage(urls: dict[str, Any], per_dc: int, rate: float, warmup: float,
             return sample()
 
         run_for(warmup)
-        runway = {f"dc{i}": stock(dc, seq) for i, dc in enumerate(dcs)}
+        runway = {f"dc{i}": h.stock(dc, seq) for i, dc in enumerate(dcs)}
         before, cut_at = sample(), time.monotonic()
         for mode in ("refuse", "hang"):
             for proxy in proxies:
@@ -229,10 +199,6 @@ def outage(urls: dict[str, Any], per_dc: int, rate: float, warmup: float,
     groups: dict[str, Any] = {}
     for name, members, dc_ids in (("long runway", range(2 * per_dc), (0, 1)),
                                   ("short runway", [2 * per_dc], (2,))):
-        def delta(key: str, sub: str | None = None, members: Any = members) -> int:
-            return sum(during[i][key][sub] - before[i][key][sub] if sub
-                       else during[i][key] - before[i][key] for i in members)
-
         slow = [t for i in members for at, t in during[i]["slow_calls"] if cut_at <= at <= back_at]
         first = [during[i]["first_failure"] for i in members if during[i]["first_failure"]]
         groups[name] = {
@@ -240,13 +206,13 @@ def outage(urls: dict[str, Any], per_dc: int, rate: float, warmup: float,
             "runway_at_cut_seconds": {f"dc{d}": runway[f"dc{d}"]["runway"] for d in dc_ids},
             "stock_at_cut": {f"dc{d}": runway[f"dc{d}"]["stock"] for d in dc_ids},
             "shared_rate_at_cut": {f"dc{d}": runway[f"dc{d}"]["rate"] for d in dc_ids},
-            "ids_taken_during_outage": delta("used"),
-            "blocking_waits_cache": delta("cache", "blocking_waits"),
-            "blocking_waits_tier": delta("tier", "blocking_waits"),
-            "failed_calls": delta("failures"),
+            "ids_taken_during_outage": grew(during, before, "used", members),
+            "blocking_waits_cache": grew(during, before, "cache_waits", members),
+            "blocking_waits_tier": grew(during, before, "tier_waits", members),
+            "failed_calls": grew(during, before, "failures", members),
             "first_failure_after_cut_seconds": min(first) - cut_at if first else None,
             "calls_slower_than_20ms": len(slow), "slowest_call_seconds": max(slow, default=0.0),
-            "ids_taken_after_outage": sum(after[i]["used"] - during[i]["used"] for i in members),
+            "ids_taken_after_outage": grew(after, during, "used", members),
         }
         h.log(f"  outage, {name}: " + ", ".join(f"{k} {groups[name][k]}" for k in (
             "blocking_waits_cache", "failed_calls", "runway_at_cut_seconds",
@@ -332,4 +298,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,19 +1,15 @@
 """App-side id generators against their PyPI peers, side by side in one process.
 
-Each variant makes 200,000 ids in a plain loop; 15 rounds per group; figures are medians of
-per-round time ratios, ours / peer. Targets: ``SnowflakeId`` (41/10/12) vs ``snowflake-id``
-<= 0.667 (1.5 x its rate; that layout caps a worker at 4,096 ids per ms: ours waits for the next
-millisecond, snowflake-id returns ``None``, counted), and with a 41/6/16 layout (the code's own
-cost); ``UUID7`` vs ``uuid_utils.uuid7`` <= 1.2 (also vs ``uuid_utils.compat``, ``uuid6`` and the
-floor: uuid_utils' integer in the cheapest ``uuid.UUID``); ``PrefixedId("post")`` vs
-``typeid-python`` and ``python-ulid`` < 1.0; ``ObjectId`` vs ``bson.ObjectId``.
+200,000 ids a run, 15 rounds, ours / peer. Targets: ``SnowflakeId`` vs ``snowflake-id`` <= 0.667
+(and a 41/6/16 layout); ``UUID7`` vs ``uuid_utils.uuid7`` <= 1.2 (also vs its ``compat``,
+``uuid6`` and a floor); ``PrefixedId`` vs ``typeid-python`` and ``python-ulid`` < 1.0;
+``ObjectId`` vs ``bson.ObjectId``.
 
     .venv/bin/python benchmarks/bench_generators.py [--smoke] [--rounds 15]
 """
 
 from __future__ import annotations
 
-import sys
 import uuid
 from typing import Any
 
@@ -69,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         timings = h.interleave(chosen, h.rounds(args, 15), label=f"{group}: ")
         ratios = {f"ours/{p}": h.ratio_summary(timings, "ours", p, TARGETS.get(p))
                   for p in made if p != "ours"}
-        results[group] = {"ratios": ratios,
-                          "median_ns_per_id": {v: timings.median(v) * 1e9 for v in made},
-                          **timings.to_json()}
+        results[group] = {"ratios": ratios, **timings.to_json("median_ns_per_id", 1e9)}
     results["snowflake-id None results per run"] = nones
     return h.report(args, NAME, results, parameters={"ids_per_run": n}, log_scale=True,
                     title=f"App-side id generators vs PyPI peers ({n:,} ids per run)", height=7,
@@ -79,4 +73,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,13 +1,9 @@
 """Start-up: ``import sqlalchemy_tickets`` against ``import sqlalchemy.orm``, in fresh interpreters.
 
-Every run is a new ``python -c`` process importing this checkout's ``src/``; the time compared is
-the one the child measures around its statements (the whole process's is beside it). Groups,
-each interleaved on its own, 30 rounds (smoke 3, without those marked *): ``import`` —
-``sqlalchemy.orm`` vs ``sqlalchemy_tickets`` (total / total), and both with the collector off *;
-**target <= 1.1**. ``app`` — the imports, a model and ``configure_mappers()``:
-``TicketId("Photos")`` key vs ``BigInteger`` without the library, and with it *. ``alembic`` —
-``import alembic`` with the package's ``alembic.plugins`` entry point vs without it. (Where the
-time goes: ``python -X importtime -c "import sqlalchemy_tickets"``.)
+Each run a new ``python -c`` on this checkout's ``src/``, timed around its statements (the whole
+process beside it), 30 rounds: ``import`` (**target <= 1.1**; also with the collector off),
+``app`` (a model with a ``TicketId`` key vs ``BigInteger``), ``alembic`` (with and without the
+package's plugin). Smoke: 3 rounds, without the collector-off pair and tickets + BigInteger.
 
     .venv/bin/python benchmarks/bench_import.py [--smoke] [--rounds 30] [--strict]
 """
@@ -100,11 +96,8 @@ def run_child(code: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[
 
 def measure_group(variants: Mapping[str, tuple[str, str]], rounds: int, env: Mapping[str, str],
                   label: str) -> tuple[h.Timings, h.Timings, set[str]]:
-    """The group's timings as the children measured them (the import alone), the parent's (the
-    whole process), and the package files the children imported."""
-    inner, files = h.Timings(per=dict.fromkeys(variants, 1)), set()
-    for name in variants:
-        inner.seconds[name], inner.cpu_seconds[name] = [], []
+    """The group's timings by the children, by the parent (the whole child), the files imported."""
+    inner, files = h.Timings.of(dict.fromkeys(variants, 1)), set()
 
     def runner(name: str, prelude: str, body: str) -> h.Variant:
         code = CHILD.format(prelude=prelude, body=body, package=PACKAGE)
@@ -139,17 +132,14 @@ def main(argv: list[str] | None = None) -> int:
                 variants = {n: v for n, v in variants.items() if n not in SMOKE_LEAVES_OUT}
             pairs = [p for p in RATIOS[group] if {p[0], p[1]} <= set(variants)]
             inner, outer, files = measure_group(variants, rounds, children, f"{group}: ")
-            ratios = {f"{a} / {b}": h.ratio_summary(inner, a, b, t) for a, b, t in pairs}
             imported |= files
             results[group] = {
-                "ratios": ratios,
+                "ratios": {f"{a} / {b}": h.ratio_summary(inner, a, b, t) for a, b, t in pairs},
                 "whole_process_ratios": {f"{a} / {b}": h.ratio_summary(outer, a, b)
                                          for a, b, _ in pairs},
-                "median_ms": {n: inner.median(n) * 1e3 for n in inner.seconds},
                 "median_whole_process_ms": {n: outer.median(n) * 1e3 for n in outer.seconds},
-                **inner.to_json(),
-                "whole_process_seconds_per_round": outer.seconds,
-            }
+                **inner.to_json("median_ms", 1e3),
+                "whole_process_seconds_per_round": outer.seconds}
     expected = str(SRC_DIR / PACKAGE / "__init__.py")
     if imported != {expected}:
         raise RuntimeError(f"the children imported {sorted(imported)}, not {expected}")
@@ -161,4 +151,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,10 +1,8 @@
 """Why tickets: primary-key index size, table size and insert time by key type.
 
-PostgreSQL and MariaDB; a table ``(id <key> PRIMARY KEY, n BIGINT, INDEX(n))`` per key type:
-``TicketId``, ``SnowflakeId``, ``UUID7``, UUIDv4 (``sa.Uuid``) and ``PrefixedId`` (31
-characters). Ids made first, in creation order, then inserted in batches of ``--batch`` (one
-executemany and commit each); only inserts timed; sizes after ``VACUUM ANALYZE`` / ``ANALYZE
-TABLE``. Also writes ``<out>/bench_index_size.md``, the table ``docs/choosing.md`` quotes.
+On PostgreSQL and MariaDB, ``(id <key> PRIMARY KEY, n BIGINT, INDEX(n))`` per key type, ids
+inserted in creation order, in batches; sizes after ``ANALYZE``. Also writes
+``<out>/bench_index_size.md``, the table ``docs/choosing.md`` quotes.
 
     .venv/bin/python benchmarks/bench_index_size.py [--rows 1000000] [--batch 10000] [--smoke]
 """
@@ -12,7 +10,6 @@ TABLE``. Also writes ``<out>/bench_index_size.md``, the table ``docs/choosing.md
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 import uuid
 from typing import Any
@@ -116,4 +113,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,18 +1,13 @@
 """``lookup(session, value)`` against ``session.get(Model, value)`` alone, side by side.
 
-``lookup`` adds a type check, a dict lookup of the prefix and one regex match of the whole id
-to the ``session.get`` it ends in; the key is ``PrefixedId("post")``. ``hit``: every object in
-the identity map, no SQL (the largest share ``lookup`` can be; on the first backend), 20,000
-calls a run, target lookup / get <= 1.5; ``load``: the identity map emptied before each call, a
-``SELECT`` each, every backend, 1,000 calls a run, target <= 1.05. 15 rounds; the client
-CPU-time ratio (``cpu_median``), steadier on a busy machine, is beside.
+A ``PrefixedId("post")`` key, 15 rounds: ``hit``, every object in the identity map (first
+backend), target lookup / get <= 1.5; ``load``, a ``SELECT`` per call, target <= 1.05.
 
     .venv/bin/python benchmarks/bench_lookup.py [--smoke] [--backends sqlite,postgresql,mysql]
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import _harness as h
@@ -67,8 +62,7 @@ def load_variants(engine: sa.Engine, ids: list[str]) -> list[h.Variant]:
 
 def summary(timings: h.Timings, case: str) -> dict[str, Any]:
     return {"ratio": h.ratio_summary(timings, "lookup", "get", TARGETS[case]),
-            "median_us_per_call": {n: timings.median(n) * 1e6 for n in timings.seconds},
-            **timings.to_json()}
+            **timings.to_json("median_us_per_call", 1e6)}
 
 
 def run_backend(args: Any, backend: str, with_hits: bool) -> dict[str, Any]:
@@ -101,4 +95,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

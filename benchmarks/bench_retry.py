@@ -1,12 +1,8 @@
 """What ``retry_session`` costs when nothing fails: a 1,000-row insert unit with and without it.
 
-``work(session)`` adds 1,000 objects with a ``TicketId("bench")`` key. Variants: ``retry``
-(``retry_session(sessionmaker(engine), work)``), ``plain`` (``with Session() as s: work(s);
-s.commit()``) and ``plain A/A`` (the noise floor); ``retry, objs`` / ``plain, objs``, where the
-caller keeps what ``work`` returns (``plain, objs / plain``: the expiry alone); ``retry, no
-expire`` / ``plain, no expire`` with ``expire_on_commit=False``. 5 units per run (smoke 1), rows
-counted after each run, the library's warnings recorded (none expected); 21 rounds. Target:
-retry / plain <= 1.05 on every backend.
+``retry_session(sessionmaker(engine), work)`` vs ``work(s); s.commit()`` (and A/A), with the
+objects kept by the caller or not, with ``expire_on_commit`` or not; 5 units a run, 21 rounds,
+the library's warnings recorded. Target: retry / plain <= 1.05 on every backend.
 
     .venv/bin/python benchmarks/bench_retry.py [--smoke] [--backends sqlite,postgresql,mysql]
 """
@@ -14,7 +10,6 @@ retry / plain <= 1.05 on every backend.
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Any
 
 import _harness as h
@@ -93,12 +88,9 @@ def run_backend(args: Any, backend: str, units: int, rows: int) -> dict[str, Any
                                    label=f"{backend} ")
         finally:
             logging.getLogger("sqlalchemy_tickets").removeHandler(handler)
-    return {
-        "ratios": {key: h.ratio_summary(timings, a, b, t) for key, (a, b, t) in PAIRS.items()},
-        "median_ms_per_unit": {name: timings.median(name) * 1e3 for name in timings.seconds},
-        "library_warnings": warnings,
-        **timings.to_json(),
-    }
+    ratios = {key: h.ratio_summary(timings, a, b, t) for key, (a, b, t) in PAIRS.items()}
+    return {"ratios": ratios, "library_warnings": warnings,
+            **timings.to_json("median_ms_per_unit", 1e3)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,4 +105,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,22 +1,16 @@
 """Ticket round trips: ``TicketServer.next_id`` / ``next_block(seq, 1000)`` against the bare
 driver running the same take, and what the rewind guard costs in the database.
 
-A ``TicketServer`` with its defaults against the bare driver (sqlite3, psycopg with
-``prepare_threshold=None``, PyMySQL) on a connection of its own in autocommit, running the take
-``docs/rewinds.md`` describes on a one-row table of its own: ``raw``, ``UPDATE bench_raw SET id
-= id + :n WHERE stub = 'a' AND id <= :max AND step = 1 AND lane = 1 RETURNING id`` (MySQL:
-``LAST_INSERT_ID``); ``raw guarded``, with the rewind guard's conditions (PostgreSQL: the
-table's OID and the timeline; MySQL/MariaDB: ``@@server_id`` and the InnoDB table id; SQLite
-checks at an interval instead). 21 rounds of ~0.15 s of raw each, ids issued checked.
-**Target: next_id and next_block(1000) / raw guarded <= 1.2**, what the library adds around its
-statement; ``raw guarded / raw``: the guard's cost per take.
+The bare driver runs the take ``docs/rewinds.md`` describes on a table of its own, without
+(``raw``) and with (``raw guarded``) the rewind guard's conditions; 21 rounds, ids issued
+checked. **Target: next_id and next_block(1000) / raw guarded <= 1.2**; ``raw guarded / raw``:
+the guard's cost per take.
 
     .venv/bin/python benchmarks/bench_roundtrip.py [--smoke] [--backends sqlite,postgresql,mysql]
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import _harness as h
@@ -26,11 +20,9 @@ from sqlalchemy_tickets import TicketServer
 
 NAME, TARGET, BLOCK, SEQ = "bench_roundtrip", 1.2, 1000, "bench"
 MAX = 2**63 - 1 - BLOCK
-TAKE = {  # backend -> the take, {x} standing for the parameter x
-    "postgresql": "UPDATE bench_raw SET id = id + {n} WHERE {where} RETURNING id",
-    "sqlite": "UPDATE bench_raw SET id = id + {n} WHERE {where} RETURNING id",
-    "mysql": "UPDATE bench_raw SET id = LAST_INSERT_ID(id + {n}) WHERE {where}",
-}
+RETURNING = "UPDATE bench_raw SET id = id + {n} WHERE {where} RETURNING id"
+TAKE = {"postgresql": RETURNING, "sqlite": RETURNING,  # backend -> the take, {x}: parameter x
+        "mysql": "UPDATE bench_raw SET id = LAST_INSERT_ID(id + {n}) WHERE {where}"}
 WHERE = "stub = 'a' AND id <= {max} AND step = 1 AND lane = 1"
 TIMELINE = "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"
 INNODB_ID = ("(SELECT TABLE_ID FROM information_schema.INNODB_SYS_TABLES "
@@ -39,8 +31,7 @@ GUARD = {  # backend -> (the guard's conditions, the query reading their paramet
     "postgresql": (f" AND tableoid::bigint = {{oid}} AND {TIMELINE} = {{timeline}}",
                    f"SELECT 'bench_raw'::regclass::oid::bigint AS oid, {TIMELINE} AS timeline"),
     "mysql": (f" AND @@server_id = {{server}} AND {INNODB_ID} = {{table}}",
-              f"SELECT @@server_id AS server, {INNODB_ID} AS `table`"),
-}
+              f"SELECT @@server_id AS server, {INNODB_ID} AS `table`")}
 
 
 def raw_takes(url: Any, backend: str) -> tuple[Any, Any, dict[str, Any]]:
@@ -104,9 +95,8 @@ def run_backend(args: Any, backend: str) -> dict[str, Any]:
               for name in ("next_id", f"next_block({BLOCK})")}
     if backend in GUARD:
         ratios["raw guarded / raw"] = h.ratio_summary(timings, "raw guarded", "raw")
-    us = {name: timings.median(name) * 1e6 for name in timings.seconds}
-    return {"ratios": ratios, "median_us_per_round_trip": us, "server_stats": stats,
-            **timings.to_json()}
+    return {"ratios": ratios, "server_stats": stats,
+            **timings.to_json("median_us_per_round_trip", 1e6)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,4 +109,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

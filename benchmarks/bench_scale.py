@@ -1,18 +1,10 @@
 """Many sequences in one process: threads, memory, first contact, per-id cost, blocking waits and
 close, for S sequences.
 
-For each S (default 10, 100, 1,000, 5,000) and layout — ``server``:
-``CachedSource(TicketServer(url))``, ``tier``: ``CachedSource(DatacenterTier(dc_url,
-TicketServer(global_url)))``, sources at their defaults but ``timeout=30`` — a forked process of
-its own on two fresh databases: (1) makes the S tables with ``TicketServer.create_tables``
-(timed apart) and draws 200,000 ids of one sequence, ``warm``; (2) **first contact**:
-``cache.prepare(names)`` and the first id of each, then the first id of ``--lazy`` fresh
-sequences one at a time; (3) **threads** the library started and **RSS growth per sequence**;
-(4) **warm per-id cost**: N = max(20,000, 8 S) ``next_id`` calls per run, round robin over the S
-sequences (each warmed first) vs N on ``warm``, interleaved, blocking waits and round trips per
-1,000 ids counted; (5) **close** of the S + 1 lanes, timed, ids given back and burned. Goals at
-the largest S: <= 8 threads, <= 20 KB per sequence, round robin / one <= 1.5, first contact <=
-5 s, close <= 1 s, 0 blocking waits. ``--smoke``: S = 10, 50, N = 1,000, one round.
+Per S and layout (``server``: ``CachedSource(TicketServer)``; ``tier``: over a
+``DatacenterTier``), a forked process on fresh databases. Goals at the largest S: <= 8 threads,
+<= 20 KB RSS per sequence, first contact (``prepare`` and each first id) <= 5 s, warm ``next_id``
+round robin over S / one sequence <= 1.5 with 0 blocking waits, ``close()`` <= 1 s.
 
     .venv/bin/python benchmarks/bench_scale.py [--smoke] [--sizes 10,100,1000,5000]
         [--layouts server,tier] [--lazy 100] [--rounds 7] [--backends postgresql]
@@ -24,7 +16,6 @@ import contextlib
 import gc
 import math
 import re
-import sys
 import threading
 import time
 from collections import Counter
@@ -51,8 +42,7 @@ PANELS = {  # figure -> (title, unit, goal at the largest S)
 
 
 def memory(*sources: Any) -> dict[str, int]:
-    """``VmRSS`` and ``VmSize`` of this process, in KB, once ``sources`` are idle (refills done)
-    and the garbage is collected."""
+    """This process's ``VmRSS`` and ``VmSize`` in KB, ``sources`` idle, the garbage collected."""
     for source in filter(None, sources):
         source.wait_idle(30.0)
     gc.collect()
@@ -117,15 +107,12 @@ def measure(spec: dict[str, Any], conn: Any) -> None:
 
         timings = h.interleave([variant(RR), variant(ONE)], spec["rounds"], label=label)
         ratio = h.ratio_summary(timings, RR, ONE)
-        out["warm"] = {
-            "ids_per_run": n, "ratio": ratio,
-            "median_ns_per_id": {v: timings.median(v) * 1e9 for v in timings.seconds},
-            "per_1000_ids": {v: {k: sum(x[1:]) * 1000 / (n * spec["rounds"])
-                                 for k, x in c.items()} for v, c in counts.items()},
-            **timings.to_json(),
-        }
+        per_1000 = {v: {k: sum(x[1:]) * 1000 / (n * spec["rounds"]) for k, x in c.items()}
+                    for v, c in counts.items()}  # the warm-up round's left out
+        out["warm"] = {"ids_per_run": n, "ratio": ratio, "per_1000_ids": per_1000,
+                       **timings.to_json("median_ns_per_id", 1e9)}
         out["round_robin_over_one"] = ratio["median"]
-        out["blocking_waits_per_1000_ids"] = out["warm"]["per_1000_ids"][RR]["blocking_waits"]
+        out["blocking_waits_per_1000_ids"] = per_1000[RR]["blocking_waits"]
         cache.wait_idle(30.0)
         held = cache.stats()
         out["close_seconds"], burned = h.timed(cache.close)
@@ -160,24 +147,22 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
 
 def draw(env: dict[str, Any], results: dict[str, Any]) -> Any:
     fig, axes = h.figure(6, "Many sequences in one process, by S (a process per point)", env,
-                         width=4.0)
+                         width=4.0, left=0.04, wspace=0.35)
     for ax, (key, (title, unit, goal)) in zip(axes, PANELS.items(), strict=True):
         h.line_panel(ax, {f"{h.LABELS[b]}: {layout}": [(int(s), float(row[key])) for s, row in
                                                         rows.items() if "error" not in row]
                           for b, layouts in results.items() for layout, rows in layouts.items()},
                      title, unit, "sequences S", goal=goal)
-    fig.subplots_adjust(left=0.04, wspace=0.35)
     return fig
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = h.parse_args(__doc__, argv, {
-        "--sizes": dict(default=None, help="numbers of sequences, comma-separated"),
+        "--sizes": dict(type=h.ints, default=None, help="numbers of sequences, comma-separated"),
         "--layouts": dict(default="server,tier", help="server,tier"),
         "--lazy": dict(type=int, default=None, help="fresh sequences whose first id is taken "
                        "one at a time")}, backends=("postgresql",))
-    sizes = ([int(x) for x in args.sizes.split(",") if x.strip()] if args.sizes
-             else [10, 50] if args.smoke else [10, 100, 1000, 5000])
+    sizes = args.sizes or ([10, 50] if args.smoke else [10, 100, 1000, 5000])
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     if not sizes or min(sizes) < 1 or not layouts or set(layouts) - set(LAYOUTS):
         raise SystemExit("--sizes takes positive numbers, --layouts names from server,tier")
@@ -219,4 +204,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,10 +1,8 @@
 """Ids burned by short-lived processes: three cron-job-like processes in a row, each inserting
 rows in bursts through ``configure(url)`` (= ``CachedSource(TicketServer(url))``) and exiting.
 
-Each process (smoke: two, 3,000 rows) inserts 30,000 rows into an SQLite application database,
-one ORM flush per burst, with ids from a ticket server on the backend measured, then exits
-normally. Burned by process k = first id of process k+1 - last id of process k - 1 (the third is
-followed by one id taken straight from the server). Target: burned / inserted <= 0.10.
+Each inserts 30,000 rows into an SQLite database with ids from a ticket server on the backend;
+burned by a process: the next one's first id - its last id - 1. Target: burned / inserted <= 0.10.
 
     .venv/bin/python benchmarks/bench_shortlived.py [--smoke] [--backends sqlite,postgresql,mysql]
 """
@@ -12,7 +10,6 @@ followed by one id taken straight from the server). Target: burned / inserted <=
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,12 +52,12 @@ def short_lived(spec: tuple[str, str, list[int]], conn: Any) -> None:
 
 
 def measure(backend: str, bursts: list[int], processes: int) -> dict[str, Any]:
-    with h.throwaway_database("sqlite") as app_url, h.throwaway_database(backend) as tickets:
+    with contextlib.ExitStack() as stack:
+        app_url, tickets = h.databases(stack, "sqlite", backend)
         h.first_contact(tickets, ["jobs"])
         runs = []
         for _ in range(processes):  # one after the other, each exiting before the next starts
-            spec = (h.plain(app_url), h.plain(tickets), bursts)
-            with h.Fleet(short_lived, [spec], grace=60) as process:
+            with h.Fleet(short_lived, [(app_url, tickets, bursts)], grace=60) as process:
                 runs += process.hear(timeout=600)
         with contextlib.closing(TicketServer(tickets, timeout=h.SETUP_TIMEOUT)) as server:
             after = server.next_id("jobs")
@@ -87,4 +84,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """An application's test cycle on one database kept for the run (microblog-api, the FastAPI
 template): a new engine, ``create_all``, 20 rows of two models, ``drop_all``,
-``drop_ticket_tables``, ``dispose()`` — ``TicketId`` keys on the embedded default vs
+``drop_ticket_tables``, ``dispose()``; ``TicketId`` keys on the embedded default vs
 auto-increment keys. Target: tickets / auto-increment <= 1.5.
 
     .venv/bin/python benchmarks/bench_test_cycle.py [--smoke] [--backends postgresql,mysql]
@@ -8,7 +8,6 @@ auto-increment keys. Target: tickets / auto-increment <= 1.5.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import _harness as h
@@ -60,4 +59,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,17 +1,10 @@
 """The datacenter tier's take under contention: takes per second one sequence serves, and their
 latency, when P processes take small blocks at once; a baseline commit against this tree.
 
-A take is ``DatacenterTier.next_block(seq, --count)``. ``baseline`` is ``src/`` at
-``--baseline-ref`` (default ``18dfaeb``), ``new`` this tree's; each worker is a fresh interpreter
-with its variant's tree first on ``sys.path``. Each variant has its own databases; for each P
-(``--procs`` 2, 8, 24), ``--rounds`` (3) rounds alternate them after an untimed warm-up. In a
-run, worker 0 stocks ~3,000,000 ids; every worker builds ``DatacenterTier(dc, upstream,
-supply=1, timeout=30)`` (no refill in the window), takes once untimed, then all take in a tight
-loop for ``--seconds`` (10) from one instant. Per run: takes/s, latencies, ``stats()`` deltas
-(0 waits and upstream round trips expected), duplicates (0, else exit 1); per P: medians over
-rounds, new / baseline as medians of per-round ratios. Check (``--strict``): time per take new /
-baseline <= 1 at every P. ``--smoke``: P = 2, 1 s, one round (this tree stands in for a
-baseline the clone lacks).
+``DatacenterTier.next_block(seq, --count)`` in a tight loop for ``--seconds`` from P fresh
+interpreters at once, ``src/`` at ``--baseline-ref`` vs this tree, alternated for ``--rounds``:
+takes/s, latencies, waits and duplicates (exit 1). ``--strict``: time per take new / baseline
+<= 1 at every P. ``--smoke``: P = 2, 1 s, one round.
 
     .venv/bin/python benchmarks/bench_tier_take.py [--smoke] [--procs 2,8,24] [--seconds 10]
         [--count 1] [--rounds 3] [--baseline-ref 18dfaeb] [--backends postgresql,mysql]
@@ -89,18 +82,16 @@ def run(src: Path, urls: dict[str, str], p: int, seq: str, count: int,
         answers = workers.hear()
     ids = [i for a in answers for i in a["ids"]]
     pooled = h.distribution([x / 1e3 for a in answers for x in a["latencies_us"]])
-    return {
-        "sequence": seq, "takes": int(pooled["count"]),
-        "takes_per_second": pooled["count"] / seconds, "latency_ms": pooled,
-        "p50_ms": pooled.get("p50"), "p99_ms": pooled.get("p99"),
-        "workers": [{**a["summary"], "errors": a["errors"], "first_errors": a["first_errors"]}
-                    for a in answers],
-        "errors": sum(a["errors"] for a in answers), "ids_handed_out": len(ids),
-        "duplicates": len(ids) - len(set(ids)),
-        **{k: sum(a["stats"][k] for a in answers) for k in STATS},
-        "filled": started[0]["filled"], "stock_after": answers[0]["stock_after"],
-        "library": libraries, "load_average_at_end": h.load(),
-    }
+    return {"sequence": seq, "takes": int(pooled["count"]),
+            "takes_per_second": pooled["count"] / seconds, "latency_ms": pooled,
+            "p50_ms": pooled.get("p50"), "p99_ms": pooled.get("p99"),
+            "workers": [{**a["summary"], "errors": a["errors"], "first_errors": a["first_errors"]}
+                        for a in answers],
+            "errors": sum(a["errors"] for a in answers), "ids_handed_out": len(ids),
+            "duplicates": len(ids) - len(set(ids)),
+            **{k: sum(a["stats"][k] for a in answers) for k in STATS},
+            "filled": started[0]["filled"], "stock_after": answers[0]["stock_after"],
+            "library": libraries, "load_average_at_end": h.load()}
 
 
 def compare(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -118,25 +109,23 @@ def compare(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 def draw(env: dict[str, Any], results: dict[str, Any], procs: list[int]) -> Any:
     fig, axes = h.figure(3, "Datacenter tier: takes of one sequence by P processes at once, "
-                         "baseline vs new (medians over rounds)", env, width=4.6,
-                         note="variants alternated, the first swapped each round")
+                         "baseline vs new (medians over rounds)", env, width=4.6, left=0.06,
+                         wspace=0.3, note="variants alternated, the first swapped each round")
     for ax, key, unit in zip(axes, KEYS, ("takes/s", "ms", "ms"), strict=True):
         h.line_panel(ax, {f"{h.LABELS[b]}, {v}": [(p, by_p[str(p)][v][key]) for p in procs]
                           for b, by_p in results.items() for v in VARIANTS},
                      key.replace("_", " "), unit, "worker processes P", base=2)
-    fig.subplots_adjust(left=0.06, wspace=0.3)
     return fig
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = h.parse_args(__doc__, argv, {
-        "--procs": dict(default=None, help="worker counts (default 2,8,24)"),
+        "--procs": dict(type=h.ints, default=None, help="worker counts (default 2,8,24)"),
         "--seconds": dict(type=float, default=None, help="window (default 10)"),
         "--count": dict(type=int, default=1, help="ids per take (default 1)"),
         "--baseline-ref": dict(default="18dfaeb", help="git ref of the baseline")},
         backends=("postgresql", "mysql"))
-    procs = ([int(x) for x in args.procs.split(",")] if args.procs
-             else [2] if args.smoke else [2, 8, 24])
+    procs = args.procs or ([2] if args.smoke else [2, 8, 24])
     seconds, rounds = args.seconds or (1.0 if args.smoke else 10.0), h.rounds(args, ROUNDS)
     results: dict[str, Any] = {}
     checks: dict[str, dict[str, Any]] = {}
@@ -181,4 +170,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -2,27 +2,13 @@
 sharded application databases while a seeded nemesis kills, stops, cuts, hangs, restores and fails
 over what they depend on; a checker then reads every table.
 
-Layout: a global pair ``TicketServers([a, b])`` (``a`` a private PostgreSQL primary with an
-asynchronous replica, ``b`` a private MariaDB); datacenters ``dc0`` (PostgreSQL) and ``dc1``
-(MariaDB), each with a tier's tables and ``campaign_orders`` / ``campaign_lines``
-(``TicketId("campaign")``), reach each global server through proxies of their own. ``--workers``
-processes per datacenter ``configure(CachedSource(DatacenterTier(dc, upstream=pair)))`` and
-commit an order and two lines every 0.25 s, logging each commit's ids and each failure.
-
-``--schedule random`` (default, 2 workers per datacenter, 600 s; smoke 1 and 32 s, every kind
-once): the schedule is drawn from ``--seed`` first (a seed names a campaign), one fault at a
-time, 2.5-8 s apart: ``kill_worker``, ``stop_worker``, ``kill_server``, ``stop_server``,
-``cut_link``, ``hang_link``, ``restore_global`` / ``restore_tier`` (from dumps taken every 20 s)
-and once ``promote`` (``a``'s replica, after the cut-off primary issued blocks it never saw).
-``--schedule soak`` (4 workers, 300 s; ``campaign_soak.json``): fixed, overlapping faults — a
-worker SIGKILLed every twelfth of the run, each datacenter's links cut for 15 % of it (refused,
-then hung), ``b`` SIGKILLed at 75 % and back 5 s later.
-
-Checks, all 0 (exit 1 otherwise): **duplicates**, **latent duplicates** (ids in a tier's stock
-that a table holds, or in both stocks), **acknowledged rows lost**, **caller errors not
-``TicketsError``**, **stalled workers** (30 s without a commit or a failure, or not stopped 60 s
-after being told), and with the soak **failed inserts while the stock held ids**. Also: rewinds
-healed and refused, failed inserts, ids burned, and every fault with what it did.
+Workers ``configure(CachedSource(DatacenterTier(dc, upstream=TicketServers([a, b]))))``, ``a`` a
+private PostgreSQL with a replica, ``b`` a private MariaDB, reached through proxies. ``--schedule
+random`` (600 s): faults drawn from ``--seed``, one at a time, and once ``a``'s replica promoted;
+``--schedule soak`` (300 s; ``campaign_soak.json``): workers killed, links cut, ``b`` killed, at
+fixed times. Checks, all 0 (exit 1 otherwise): duplicates, latent duplicates, acknowledged rows
+lost, caller errors not ``TicketsError``, stalled workers, and with the soak failed inserts while
+the stock held ids.
 
     .venv/bin/python benchmarks/campaign.py [--smoke] [--duration 600] [--seed 1] [--workers 2]
         [--schedule random|soak] [--logs DIR]   # --logs: keep the workers' logs there
@@ -57,7 +43,6 @@ from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
 sys.path.insert(0, str(h.REPO_DIR / "tests"))
 from sqlalchemy_tickets import TicketId, TicketServer, TicketServers  # noqa: E402
-from sqlalchemy_tickets.sources.datacenter import describe_datacenter  # noqa: E402
 from support.rewind import FollowingProxy, dump, pg_connect, restore, start_postgresql_pair  # noqa: E402
 from support.servers import ServerProcess, start_private_mariadb  # noqa: E402
 
@@ -104,12 +89,10 @@ class Line(h.Base):
     order: Mapped[Order] = relationship(back_populates="lines")
 
 
-# -- workers -----------------------------------------------------------------------------------
 def worker(spec: tuple[int, str, list[str], str, Any], conn: Any) -> None:
-    """A :class:`_harness.Fleet` worker, ``spec`` = ``(slot, dc, pair, log_path, stop)``: an order
-    with its lines committed every ``TICK`` until ``stop`` is set, JSON lines logged: ``C`` per
-    commit (its ids), ``F`` per failed commit, ``H`` once a second (ids held, rewinds, ids the
-    tier burned), ``E`` at a clean exit (every ``stats()``); WARNINGs to ``<log_path>.err``."""
+    """An order and its lines committed every ``TICK`` until ``stop`` is set, logged as JSON
+    lines: ``C`` a commit's ids, ``F`` a failure, ``H`` a heartbeat a second (ids held, rewinds,
+    tier burned), ``E`` a clean exit (every ``stats()``); WARNINGs to ``<log_path>.err``."""
     from sqlalchemy_tickets import CachedSource, DatacenterTier, TicketsError, configure
 
     slot, dc, pair, log_path, stop = spec
@@ -172,9 +155,9 @@ def read_log(path: Path) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def read_warnings(path: Path) -> tuple[Counter[str], int]:
-    """A worker's WARNING lines counted by what they say; the ids of tier stocks it discarded."""
-    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+def read_warnings(paths: list[Path]) -> tuple[Counter[str], int]:
+    """The workers' WARNING lines counted by what they say; the ids of tier stocks discarded."""
+    lines = [x for p in paths if p.exists() for x in p.read_text(errors="replace").splitlines()]
     found = Counter(k for line in lines for k, pattern in PATTERNS.items() if pattern.search(line))
     return found, sum(int(m.group(1)) for m in map(DISCARDED.search, lines) if m)
 
@@ -205,16 +188,11 @@ def last_id(url: str) -> tuple[int, int]:
     return info.last_id, info.increment
 
 
-def stock(dc: str) -> int:
-    return sum(int(s.stock) for s in describe_datacenter(dc, timeout=10.0) if s.sequence == SEQ)
-
-
 def read_db(dc: str, sql: Any) -> list[Any]:
     with sa.create_engine(dc, poolclass=sa.pool.NullPool).connect() as conn:  # nothing pooled
         return list(conn.execute(sql).all())
 
 
-# -- the schedule ------------------------------------------------------------------------------
 @dataclass
 class Fault:
     at: float  # planned start, seconds into the run
@@ -277,13 +255,10 @@ def schedule(rng: random.Random, duration: float, smoke: bool, slots: int,
     return faults
 
 
-# -- the campaign: layout, workers, nemesis -----------------------------------------------------
 class Campaign:
-    """The layout (private servers stopped with ``stack``, datacenter databases, a proxy per
-    datacenter and global server), the workers by slot (``slot % 2`` is the datacenter) and the
-    nemesis: a thread running the schedule one fault at a time (each in a thread of its own when
-    ``overlap``, the soak's), dumping every server and tier in between. Each fault is recorded
-    with its start, end, what it did and any error; one that fails does not stop the campaign."""
+    """The layout (private servers, datacenter databases, proxies), the workers by slot (``slot %
+    2``: the datacenter) and the nemesis, a thread running the faults one at a time (in threads of
+    their own when ``overlap``) and dumping servers and tiers between them."""
 
     def __init__(self, stack: contextlib.ExitStack, args: argparse.Namespace, logs: Path) -> None:
         self.workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(
@@ -321,13 +296,9 @@ class Campaign:
 
     def prepare(self) -> list[tuple[int, int]]:
         """Tables and first contact everywhere (set-up timeouts); each global server's last id."""
-        with contextlib.closing(TicketServers([self.a_url, self.b_url],
-                                              timeout=h.SETUP_TIMEOUT)) as pair:
-            pair.next_id(SEQ)
-            pair.next_id(SEQ)
-            for dc in self.dcs:
-                h.Base.metadata.create_all(sa.create_engine(dc, poolclass=sa.pool.NullPool))
-                h.tier_contact(dc, pair, [SEQ], **TIER_OPTIONS)
+        for dc in self.dcs:
+            h.Base.metadata.create_all(sa.create_engine(dc, poolclass=sa.pool.NullPool))
+        h.pair_contact([self.a_url, self.b_url], SEQ, dict.fromkeys(self.dcs, TIER_OPTIONS))
         self.pg.wait_caught_up()
         return [last_id(url) for url in (self.a_url, self.b_url)]
 
@@ -340,7 +311,6 @@ class Campaign:
     def server(self, name: str) -> ServerProcess:
         return self.b if name == "b" else self.pg.replica if self.promoted else self.pg.primary
 
-    # -- workers -------------------------------------------------------------------------------
     def start(self, slot: int) -> None:
         dc = slot % 2
         with self.lock:
@@ -363,7 +333,6 @@ class Campaign:
                 process.kill()
         return unclean
 
-    # -- the nemesis ---------------------------------------------------------------------------
     def nemesis(self, faults: list[Fault], until: float, overlap: bool) -> None:
         try:
             running = []
@@ -385,9 +354,8 @@ class Campaign:
 
     def dump_all(self) -> None:
         self.last_dump = self.now()
-        for key, url, tables in (("a", self.a_url, ()), ("b", self.b_url, ()),
-                                 ("tier0", self.dcs[0], TIER_TABLES),
-                                 ("tier1", self.dcs[1], TIER_TABLES)):
+        tiers = [(f"tier{i}", dc, TIER_TABLES) for i, dc in enumerate(self.dcs)]
+        for key, url, tables in [("a", self.a_url, ()), ("b", self.b_url, ()), *tiers]:
             suffix = "dump" if make_url(url).get_backend_name() == "postgresql" else "sql"
             path = self.workdir / "dumps" / f"{key}_{len(self.dumps[key]):03d}.{suffix}"
             at = self.now()
@@ -419,7 +387,6 @@ class Campaign:
         finally:
             send(pid, signal.SIGCONT)
 
-    # -- the faults, one method each -----------------------------------------------------------
     def kill_worker(self, slot: int) -> dict[str, Any]:
         with self.lock:
             process, path = self.live[slot]
@@ -486,10 +453,10 @@ class Campaign:
         chosen = self.pick_dump(f"tier{dc}", pick)
         if chosen is None:
             return {"skipped": "no dump old enough yet"}
-        before = stock(self.dcs[dc])
+        before = h.stock(self.dcs[dc], SEQ)["stock"]
         restore(self.dcs[dc], chosen[1], lock_timeout=10)
         return {"dump_taken_at": chosen[0], "dump": chosen[1].name, "stock_before": before,
-                "stock_after_restore": stock(self.dcs[dc])}
+                "stock_after_restore": h.stock(self.dcs[dc], SEQ)["stock"]}
 
     def promote(self) -> dict[str, Any]:
         if self.promoted:
@@ -519,7 +486,6 @@ class Campaign:
                 "ids_the_replica_missed_at_least": primary_last - promoted_last,
                 "crashed_at": crashed_at, "failover_seconds": self.now() - crashed_at}
 
-    # -- the run -------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         args, slots = self.args, 2 * self.args.workers
         faults = schedule(random.Random(args.seed), args.duration, args.smoke, slots,
@@ -543,7 +509,7 @@ class Campaign:
                 if now >= len(samples) * (2.0 if args.smoke else 5.0):
                     samples.append({"t": now, "load": h.load()})
                     with contextlib.suppress(Exception):
-                        samples[-1]["stock"] = [stock(dc) for dc in self.dcs]
+                        samples[-1]["stock"] = [h.stock(dc, SEQ)["stock"] for dc in self.dcs]
                 time.sleep(0.2)
         finally:
             self.stop.set()
@@ -567,15 +533,14 @@ def analyse(c: Campaign, base: list[tuple[int, int]], stock0: list[int],
             outcome: dict[str, Any]) -> dict[str, Any]:
     t0, dc_of = outcome["t0"], outcome["dc_of"]
     logs = {p: read_log(p) for p in dc_of}
-    warnings = [read_warnings(p.with_suffix(".err")) for p in dc_of]
+    warn_counts, discarded = read_warnings([p.with_suffix(".err") for p in dc_of])
     tables = [{m.__tablename__: [int(r[0]) for r in read_db(dc, sa.select(m.id))]
                for m in (Order, Line)} for dc in c.dcs]
     every = Counter(i for per_dc in tables for ids in per_dc.values() for i in ids)
     doubled = sorted(i for i, n in every.items() if n > 1)
     lost, seen = [], {}  # acknowledged ids missing from their tables; who committed each id
     for path, log in logs.items():
-        orders, lines = (set(tables[dc_of[path]][t]) for t in ("campaign_orders",
-                                                              "campaign_lines"))
+        orders, lines = (set(ids) for ids in tables[dc_of[path]].values())  # Order, then Line
         for commit in log["C"]:
             missing = [i for i in commit["ids"][:1] if i not in orders]
             missing += [i for i in commit["ids"][1:] if i not in lines]
@@ -591,22 +556,19 @@ def analyse(c: Campaign, base: list[tuple[int, int]], stock0: list[int],
                                    if s["t"] <= t and "stock" in s), 1)
     lasts = [log["E"][-1] if log["E"] else log["H"][-1] for log in logs.values()
              if log["E"] or log["H"]]
-    warn_counts = sum((w[0] for w in warnings), Counter())
-    discarded = sum(w[1] for w in warnings)
-    held_at_kill = [logs[next(p for p in logs if p.name == k["log"])]["H"][-1:] for k in
-                    outcome["kills"]]
-    held = sum(b[0]["held"] for b in held_at_kill if b)
+    beats = {p.name: log["H"] for p, log in logs.items()}  # held at a kill: the last heartbeat's
+    held = sum(beats[k["log"]][-1]["held"] for k in outcome["kills"] if beats[k["log"]])
     clean = sum(e["burned"] for log in logs.values() for e in log["E"])
     tier_burned = sum(x["tier_burned"] for x in lasts)
     rows = sum(len(ids) for per_dc in tables for ids in per_dc.values())
     last = [last_id(url) for url in (c.a_url, c.b_url)]
     advance = sum((now - b) // step for (now, step), (b, _) in zip(last, base, strict=True))
-    stocks = [stock(dc) for dc in c.dcs]
+    stocks = [h.stock(dc, SEQ)["stock"] for dc in c.dcs]
     in_stock = [{i for r in read_db(dc, sa.text(f"SELECT first_id, last_id, step FROM "
                                                 f"{TIER_TABLES[0]}"))
                  for i in range(int(r[0]), int(r[1]) + 1, int(r[2]))} for dc in c.dcs]
-    latent = {"in_stock_and_in_a_table": sorted((in_stock[0] | in_stock[1]) & set(every))[:100],
-              "in_both_stocks": sorted(in_stock[0] & in_stock[1])[:100]}
+    latent = {"in_stock_and_in_a_table": (in_stock[0] | in_stock[1]) & set(every),
+              "in_both_stocks": in_stock[0] & in_stock[1]}
     killed_at = {k["log"]: k["at"] for k in outcome["kills"]}
     stalls = []  # per log the longest gap without a commit or a failure, up to its end
     for path, log in logs.items():
@@ -617,21 +579,17 @@ def analyse(c: Campaign, base: list[tuple[int, int]], stock0: list[int],
             stalls.append({"log": path.name, "longest_gap": round(gap, 2),
                            "from_t": round(since - t0, 2)})
     stalled = [x for x in stalls if x["longest_gap"] >= STALL_SECONDS]
-    faults = outcome["faults"]
-    kinds = Counter(f["kind"] for f in faults if "skipped" not in f and "error" not in f)
+    kinds = Counter(f["kind"] for f in outcome["faults"] if not {"skipped", "error"} & set(f))
     return {
         "rows_written": rows,
         "rows_per_datacenter": [sum(len(v) for v in per_dc.values()) for per_dc in tables],
         "duplicates": len(doubled) + len(duplicate_inserts),
-        "ids_in_two_tables_or_datacenters": len(doubled),
-        "duplicate_ids": doubled[:200],
+        "ids_in_two_tables_or_datacenters": len(doubled), "duplicate_ids": doubled[:200],
         "duplicate_runs": duplicate_runs(seen),
         "inserts_refused_as_duplicate_key": len(duplicate_inserts),
-        "latent_duplicates": len((in_stock[0] | in_stock[1]) & set(every))
-        + len(in_stock[0] & in_stock[1]),
-        "latent_duplicate_ids": latent,
-        "rows_lost": sum(len(x["ids"]) for x in lost),
-        "lost": lost[:200],
+        "latent_duplicates": sum(map(len, latent.values())),
+        "latent_duplicate_ids": {k: sorted(ids)[:100] for k, ids in latent.items()},
+        "rows_lost": sum(len(x["ids"]) for x in lost), "lost": lost[:200],
         "acknowledged_ids": sum(len(x["ids"]) for log in logs.values() for x in log["C"]),
         "failed_inserts": len(failures),
         "failed_inserts_while_stock_held_ids": sum(1 for f in failures
@@ -649,19 +607,15 @@ def analyse(c: Campaign, base: list[tuple[int, int]], stock0: list[int],
                              "tier_stocks_discarded_after_tier_restores": discarded},
         "global_advance_in_ids": advance,
         "global_advance_not_in_rows_or_stock": advance - rows - (sum(stocks) - sum(stock0)),
-        "workers_started": len(logs),
-        "worker_kills": len(outcome["kills"]),
+        "workers_started": len(logs), "worker_kills": len(outcome["kills"]),
         "unclean_stops": outcome["unclean_stops"],
         "stalled_workers": len(stalled) + len(set(outcome["unclean_stops"])
                                               - {x["log"] for x in stalled}),
         "stalls": stalled,
         "longest_gap_between_commits": max((x["longest_gap"] for x in stalls), default=None),
-        "faults_injected": sum(kinds.values()),
-        "faults_by_kind": dict(sorted(kinds.items())),
-        **{k: outcome[k] for k in ("faults", "faults_not_run", "dumps", "dump_errors",
-                                   "samples")},
-        "nemesis_still_running_at_end": outcome["nemesis_alive"],
-        "failures": failures[:500],
+        "faults_injected": sum(kinds.values()), "faults_by_kind": dict(sorted(kinds.items())),
+        **{k: outcome[k] for k in ("faults", "faults_not_run", "dumps", "dump_errors", "samples")},
+        "nemesis_still_running_at_end": outcome["nemesis_alive"], "failures": failures[:500],
         "commit_timeline": {f"dc{d}": sorted(round(x["t"] - t0, 3) for p, log in logs.items()
                                              if dc_of[p] == d for x in log["C"])
                             for d in range(2)},
@@ -670,8 +624,7 @@ def analyse(c: Campaign, base: list[tuple[int, int]], stock0: list[int],
 
 
 def draw(env: dict[str, Any], res: dict[str, Any], duration: float, title: str) -> Any:
-    """Rows per second in each datacenter, above a timeline of the faults (a row per kind), the
-    failed inserts and the commits of duplicated ids."""
+    """Rows per second per datacenter, above a timeline of faults, failures and duplicates."""
     fig, (a1, a2) = h.pyplot().subplots(2, 1, figsize=(12, 7.5), sharex=True)
     fig.suptitle(f"{title}: {res['rows_written']:,} rows, {res['duplicates']} duplicates, "
                  f"{res['rows_lost']} lost, {res['failed_inserts']} failed inserts, "
@@ -722,7 +675,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (logs := Path(tmp) / "logs").mkdir()
         campaign = Campaign(stack, args, logs)
         base = campaign.prepare()
-        stock0 = [stock(dc) for dc in campaign.dcs]
+        stock0 = [h.stock(dc, SEQ)["stock"] for dc in campaign.dcs]
         results = analyse(campaign, base, stock0, campaign.run())
         if args.logs is not None:  # the workers' raw logs, for a finding's evidence
             shutil.rmtree(args.logs, ignore_errors=True)
@@ -749,4 +702,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
