@@ -81,8 +81,7 @@ def test_a_failover_patroni_makes_by_itself_losing_writes_repeats_no_id(
             assert in_recovery, "promoted before the leader key's TTL ran out"
             assert kept < issued, f"the replica missed nothing ({kept} >= {issued})"
             for group in groups:
-                with group.lock:
-                    group.cut = killed_at
+                group.cut_at(killed_at)
             new_leader = cluster.wait_new_leader()
             promoted = time.monotonic() - killed_at
             refills = cache.stats()["refills"]

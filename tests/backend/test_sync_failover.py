@@ -16,18 +16,15 @@ synchronous after the table was first seen, each tried here against a real promo
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from sqlalchemy_tickets import CachedSource, RewindError, TicketServer
 from sqlalchemy_tickets.sources import _server_guard
-from support.rewind import PgPair, pg_connect, start_postgresql_pair
+from support.rewind import PgPair, pg_connect, postgresql_pair
 
 #: Long scenarios: run once per make test (see the ``slow`` marker).
 pytestmark = pytest.mark.slow
@@ -40,16 +37,8 @@ THREADS = 4
 def pair() -> Iterator[PgPair]:
     """A primary and its streaming standby, asynchronous until a test says otherwise, with
     database ``tickets``."""
-    workdir = Path(tempfile.mkdtemp(prefix="tickets-sync-"))
-    shutil.chown(workdir, "postgres", "postgres")
-    try:
-        with start_postgresql_pair(workdir) as started:
-            started.wait_streaming()
-            with pg_connect(started.primary.url) as conn:
-                conn.execute("CREATE DATABASE tickets")
-            yield started
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with postgresql_pair() as started:
+        yield started
 
 
 def _recorded(url: str) -> tuple[int, int | None, int]:
@@ -65,17 +54,9 @@ def _recorded(url: str) -> tuple[int, int | None, int]:
     return synchronous, -last_id if last_id is not None and last_id < 0 else None, clock
 
 
-def _multi_host_url(pair: PgPair) -> str:
-    return (
-        "postgresql+psycopg://postgres@/tickets"
-        f"?host=127.0.0.1:{pair.primary.port}&host=127.0.0.1:{pair.replica.port}"
-        "&target_session_attrs=read-write"
-    )
-
-
 def test_failover_to_a_synchronous_standby_issues_no_id_twice(pair: PgPair) -> None:
     pair.set_standbys("{}")
-    url = _multi_host_url(pair)
+    url = pair.multi_host_url("tickets")
     server = TicketServer(url, timeout=2.0)
     got: list[int] = []
     errors: list[str] = []
@@ -176,7 +157,7 @@ def test_synchronous_replication_turned_off_holds_ids_until_its_lease_ran_out(
     noticed after it, is a possible rewind — healed above what that process issued, refused
     (``RewindError``) by fresh processes, which know of no id in use. Never 101 again."""
     pair.set_standbys("{}")
-    url = _multi_host_url(pair)
+    url = pair.multi_host_url("tickets")
     primary_url, replica_url = pair.database_urls("tickets")
     server = TicketServer(url, timeout=3 * LEASE_MS / 1000)
     try:
@@ -216,7 +197,7 @@ def test_a_quorum_is_not_trusted_to_have_lost_nothing(pair: PgPair) -> None:
     promotion is a possible rewind (here the standby did have every commit: a margin is the
     price of not knowing)."""
     pair.set_standbys("ANY 1 ({}, other)")
-    url = _multi_host_url(pair)
+    url = pair.multi_host_url("tickets")
     primary_url, _ = pair.database_urls("tickets")
     server = TicketServer(url, timeout=10.0)
     try:
@@ -239,7 +220,7 @@ def test_replication_made_synchronous_while_a_process_runs_is_trusted_at_the_nex
     right after a failover); the standby is made synchronous since. The process notices and
     records it, so a failover after that loses nothing and is trusted: no heal, no margin."""
     monkeypatch.setattr(_server_guard, "SYNC_RECHECK", 0.0)
-    url = _multi_host_url(pair)
+    url = pair.multi_host_url("tickets")
     primary_url, _ = pair.database_urls("tickets")
     server = TicketServer(url, timeout=10.0)
     try:

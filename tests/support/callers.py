@@ -55,6 +55,11 @@ class Callers:
             thread.join(timeout=30)
         assert not any(t.is_alive() for t in self.threads), f"a {self.name} caller hangs"
 
+    def cut_at(self, moment: float) -> None:
+        """From ``moment`` (monotonic) on, :attr:`back_at` waits for a call started after it."""
+        with self.lock:
+            self.cut = moment
+
     def _draw(self, k: int) -> None:
         mine: list[int] = []
         last_ok = time.monotonic()

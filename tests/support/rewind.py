@@ -24,11 +24,13 @@ Blocking waits poll with a deadline and raise :class:`TimeoutError` with what wa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -53,6 +55,7 @@ __all__ = [
     "dump",
     "mariadb_connect",
     "pg_connect",
+    "postgresql_pair",
     "restore",
     "start_mariadb_pair",
     "start_postgresql_pair",
@@ -456,6 +459,12 @@ class PgPair:
             lambda: "disconnected (a WAL receiver is still running)",
         )
 
+    def multi_host_url(self, database: str) -> str:
+        """A libpq multi-host URL of ``database`` that connects to whichever server takes
+        writes: what an application on the pair uses to follow a failover."""
+        return (f"postgresql+psycopg://postgres@/{database}?host=127.0.0.1:{self.primary.port}"
+                f"&host=127.0.0.1:{self.replica.port}&target_session_attrs=read-write")
+
     def set_standbys(self, spec: str, *, wait_sync: bool = True,
                      timeout: float = WAIT_TIMEOUT) -> None:
         """``synchronous_standby_names = spec`` on the primary (``{}`` in it: the replica's
@@ -484,9 +493,11 @@ class PgPair:
 
         _wait(applied, timeout, lambda: f"synchronous_standby_names = {value!r} in force")
 
-    def crash_primary(self) -> None:
-        """SIGKILL the primary's whole process group (postmaster and backends)."""
+    def crash_primary(self) -> float:
+        """SIGKILL the primary's whole process group (postmaster and backends); when, on the
+        monotonic clock."""
         self.primary.kill()
+        return time.monotonic()
 
     def promote(self, timeout: float = WAIT_TIMEOUT, *, checkpoint: bool = True) -> None:
         """Promote the replica (``pg_promote(wait => true)``); it then accepts writes.
@@ -554,6 +565,20 @@ def _ensure_replication_source(primary: ServerProcess, timeout: float) -> None:
     if needs_restart:
         primary.stop()
         primary.restart(timeout)
+
+
+@contextlib.contextmanager
+def postgresql_pair(database: str = "tickets") -> Iterator[PgPair]:
+    """A primary and its streaming replica in a temporary directory (removed afterwards),
+    streaming, with ``database`` made on the primary: an asynchronous pair until
+    :meth:`PgPair.set_standbys` says otherwise."""
+    with tempfile.TemporaryDirectory(prefix="tickets-pair-") as workdir:
+        shutil.chown(workdir, "postgres", "postgres")  # reachable by the servers' OS user
+        with start_postgresql_pair(workdir) as pair:
+            pair.wait_streaming()
+            with pg_connect(pair.primary.url) as conn:
+                conn.execute(f'CREATE DATABASE "{database}"')
+            yield pair
 
 
 def start_postgresql_pair(workdir: Path | str, *, timeout: float = 60.0) -> PgPair:
