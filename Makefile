@@ -29,9 +29,8 @@ DEMO_VENV ?= .venv-demo
 DIST ?= dist
 PYTEST_ARGS ?=
 SUITE_JOBS ?= 3
-# The newest run's first half, by file (with the benchmarks' smoke runs: the halves then take
-# about as long); `suite-2` runs the rest.
-SUITE_1_FILES = $(sort $(wildcard tests/backend/test_[a-l]*.py)) tests/benchmarks
+# The newest run's first half, by file; `suite-2` runs the rest.
+SUITE_1_FILES = $(sort $(wildcard tests/backend/test_[a-l]*.py))
 SUITE_RUNS = $(if $(strip $(PYTEST_ARGS)),suite,suite-1 suite-2)
 # What the lowest versions run (PYTEST_ARGS, when set, replaces it).
 LOWEST_TESTS = tests/unit tests/compile tests/install tests/docs $(addprefix tests/backend/test_,\
