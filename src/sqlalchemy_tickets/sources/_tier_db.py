@@ -277,7 +277,10 @@ class TierDatabase:
             discarded = None
             if reference is None:
                 self.backend.record_stamp(conn, pseudo, live, None)
-            elif live.same(reference) or live.promoted_from(reference):
+            elif live.same(reference):
+                # A failover is a rewind here, synchronous standby or not: the tier's writes
+                # do not watch their replication (``IdentityGuard.follow``), so no lease
+                # vouches for them.
                 if stored is None or not stored.same(live):
                     self.backend.record_stamp(conn, pseudo, live, None)
             elif stored is not None and stored.same(live):
