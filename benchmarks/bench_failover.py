@@ -79,7 +79,7 @@ def by_hand(synchronous: bool, blocks: int) -> dict[str, Any]:
 def patroni(blocks: int) -> dict[str, Any]:
     """Scenario 3: Patroni's own failover of an asynchronous replica held back first."""
     with tempfile.TemporaryDirectory(prefix="tickets-failover-") as path, \
-            closing(start_patroni_cluster(path)) as cluster:
+            start_patroni_cluster(path) as cluster:
         cluster.create_database("tickets")
 
         def fail_over(more: Callable[[], None]) -> float:

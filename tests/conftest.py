@@ -38,6 +38,7 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
+from support.availability import unavailable  # noqa: E402
 from support.galera import (  # noqa: E402
     GaleraCluster,
     galera_unavailable_reason,
@@ -130,22 +131,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(note)
 
 
-def require_all_backends() -> bool:
-    """True when an unavailable backend must fail the run instead of skipping it."""
-    if os.environ.get("TICKETS_TEST_REQUIRE_ALL", "").strip() == "1":
-        return True
-    return os.environ.get("CI", "").strip().lower() in ("1", "true")
-
-
 def _unavailable(reason: str) -> NoReturn:
     """Fail (CI / require-all) or skip (developer machine) because a backend is missing."""
-    if require_all_backends():
-        pytest.fail(
-            f"{reason}\n(TICKETS_TEST_REQUIRE_ALL=1 or CI is set: every backend must be "
-            "available, so this is a failure, not a skip)",
-            pytrace=False,
-        )
-    pytest.skip(reason)
+    unavailable(reason, "every backend must be available, so ")
 
 
 def _safe(url: str) -> str:

@@ -239,7 +239,8 @@ def stamp_table(
     """What the library records about a database to notice that it went back in time: each
     ticket table's and datacenter tier's identity (``stamp``, keyed by table name; empty:
     registered, nothing recorded yet), and the highest id a tier stored from each upstream
-    lane (``last_id``)."""
+    lane (``last_id``). On a ticket table's row, a negative ``last_id`` is the lease of a
+    synchronous failover (``synchronous``; see ``dialects/base._recorded``)."""
     metadata = metadata if metadata is not None else sa.MetaData()
     return sa.Table(
         STAMP_TABLE,

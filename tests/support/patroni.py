@@ -51,11 +51,11 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 
-from .pgbouncer import _require_all
+from .availability import unavailable
 from .proxy import TcpProxy
 from .rewind import PgPair, _wait, pg_connect, timeline
 from .servers import (
@@ -694,7 +694,7 @@ def patroni_cluster() -> Iterator[PatroniCluster]:
     Import this fixture into a test module (``from support.patroni import patroni_cluster``)."""
     reason = patroni_unavailable_reason()
     if reason is not None:
-        _unavailable(f"Patroni unavailable: {reason}")
+        unavailable(f"Patroni unavailable: {reason}")
     # Not tmp_path: PostgreSQL runs as the postgres OS user, which cannot enter pytest's 0700
     # base directory when the suite runs as root.
     workdir = Path(tempfile.mkdtemp(prefix="tickets-patroni-"))
@@ -703,19 +703,8 @@ def patroni_cluster() -> Iterator[PatroniCluster]:
         try:
             cluster = start_patroni_cluster(workdir)
         except Exception as error:
-            _unavailable(f"cannot start a Patroni cluster: {error}")
+            unavailable(f"cannot start a Patroni cluster: {error}")
         with cluster:
             yield cluster
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _unavailable(reason: str) -> NoReturn:
-    """Fail (CI / require-all) or skip (a developer machine), as conftest does for backends."""
-    if _require_all():
-        pytest.fail(
-            f"{reason}\n(TICKETS_TEST_REQUIRE_ALL=1 or CI is set: this is a failure, not a skip)",
-            pytrace=False,
-        )
-    pytest.skip(reason)
-

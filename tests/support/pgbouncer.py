@@ -8,7 +8,7 @@ to prove the library's own connections cope.
 The binary is ``$TICKETS_PGBOUNCER``, else ``/usr/sbin/pgbouncer``, else ``pgbouncer`` on
 ``PATH`` (Debian: ``apt-get install pgbouncer``; ``make test`` installs it). Without it, the
 ``pgbouncer`` fixture skips on a developer machine and fails under ``TICKETS_TEST_REQUIRE_ALL=1``
-or ``CI`` -- the same rule as the database backends (``conftest.require_all_backends``).
+or ``CI`` -- the same rule as the database backends (``support.availability``).
 
 Each PgBouncer has its own ini file, auth file, log and port in a temp directory, accepts any
 database name (``*``, forwarded to the same name on the target) with ``auth_type = trust``,
@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
+from .availability import unavailable
 from .servers import (
     ServerProcess,
     ServerStartError,
@@ -139,13 +140,6 @@ class PgBouncer:
         )
 
 
-def _require_all() -> bool:
-    # The rule of conftest.require_all_backends, which test support modules cannot import.
-    if os.environ.get("TICKETS_TEST_REQUIRE_ALL", "").strip() == "1":
-        return True
-    return os.environ.get("CI", "").strip().lower() in ("1", "true")
-
-
 @pytest.fixture(scope="session")
 def pgbouncer(
     backend_admin_url: Callable[[str], str],
@@ -172,14 +166,8 @@ def pgbouncer(
                 pool_mode=pool_mode,
             )
         except (ServerStartError, OSError, KeyError) as error:
-            reason = f"cannot start PgBouncer ({pool_mode} pooling): {error}"
-            if _require_all():
-                pytest.fail(
-                    f"{reason}\n(TICKETS_TEST_REQUIRE_ALL=1 or CI is set: PgBouncer must be "
-                    "installed, e.g. `apt-get install pgbouncer`; this is a failure, not a skip)",
-                    pytrace=False,
-                )
-            pytest.skip(reason)
+            unavailable(f"cannot start PgBouncer ({pool_mode} pooling): {error}",
+                        "PgBouncer must be installed, e.g. `apt-get install pgbouncer`; ")
         found = started[pool_mode] = PgBouncer(process, pool_mode)
         return found
 

@@ -184,11 +184,9 @@ class IdentityGuard:
     # -- synchronous replication --------------------------------------------------------------
 
     @staticmethod
-    def to_follow(live: Identity, row: Identity | None) -> bool:
+    def to_follow(live: Identity, row: Identity) -> bool:
         """Whether the replication of a table whose identity ``live`` is as ``row`` records
         asks :meth:`follow` for more than a plain first contact."""
-        if row is None:
-            return live.synchronous
         return live.synchronous != row.synchronous or (
             not live.synchronous and _hold_ms(live, row) > 0)
 
@@ -229,8 +227,10 @@ class IdentityGuard:
         """Renew the leases of this database's synchronous tables (one statement, at most
         every ``SYNC_RENEWAL`` seconds, and only while this process saw its commits wait)."""
         live = self._lease_from
+        if live is None:
+            return  # the common case, on every block: no clock read
         now = time.monotonic()
-        if live is None or now < self._renew_at or not self.stamps.kept:
+        if now < self._renew_at or not self.stamps.kept:
             return
         self._renew_at = now + SYNC_RENEWAL
         self.db.own.run(lambda conn: self.db.backend.renew_leases(conn, live, SYNC_LEASE_MS))

@@ -278,16 +278,20 @@ class TicketServer:
 
     def _due(self, known: Known) -> bool:
         """Whether ``known``'s identity is due a check before its next block: a new connection
-        since the last one, or (where the take cannot check it whole) the interval passed."""
-        since = time.monotonic() - known.checked
-        return known.epoch != self.own.connections or (
-            not self.backend.identity_in_block_complete and since >= self.identity_interval
-        ) or (
-            # Synchronous replication turned on: recorded once seen (its take refuses when it
-            # is turned off).
-            self.backend.replicates_synchronously and since >= _server_guard.SYNC_RECHECK
-            and known.identity is not None and not known.identity.synchronous
-        )
+        since the last one, (where the take cannot check it whole) the interval passed, or
+        (where replication can be synchronous and the table's is not) the interval at which
+        synchronous replication turned on is noticed (its take refuses when it is turned
+        off)."""
+        if known.epoch != self.own.connections:
+            return True
+        if not self.backend.identity_in_block_complete:
+            interval = self.identity_interval
+        elif (self.backend.replicates_synchronously and known.identity is not None
+              and not known.identity.synchronous):
+            interval = _server_guard.SYNC_RECHECK
+        else:
+            return False
+        return time.monotonic() - known.checked >= interval
 
     def _held(self, known: Known) -> None:
         """Wait until blocks of ``known`` may go out (see ``IdentityGuard.follow``), or raise
