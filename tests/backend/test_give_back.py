@@ -65,6 +65,36 @@ def test_a_block_taken_after_by_another_client_makes_it_refuse(database_url: str
         theirs.close()
 
 
+def test_many_sequences_go_back_in_one_call_each_latest_block_first(database_url: str) -> None:
+    # More sequences than one statement holds (PostgreSQL sends them 64 to a statement), a
+    # sequence given back twice in one call (its latest block, then the one before), and
+    # blocks that are not the latest any more: each goes back exactly when one call at a time
+    # would have taken it, whatever the batching.
+    server, other = TicketServer(database_url), TicketServer(database_url)
+    try:
+        names = [f"many{i:03d}" for i in range(150)]
+        server.prepare(names)
+        first = {name: server.next_block(name, 10) for name in names}
+        second = {name: server.next_block(name, 5) for name in names}
+        stolen = names[::7]  # another client took a block of these since
+        for name in stolen:
+            other.next_block(name, 1)
+        items = [(name, second[name], 64) for name in names]
+        items += [(name, first[name], 64) for name in names]
+        back = server.give_back_many(items)
+        for (name, ids, _), taken in zip(items, back, strict=True):
+            assert taken == (0 if name in stolen else len(ids)), (name, ids)
+        for name in names:
+            again = server.next_block(name, 20)
+            if name in stolen:
+                assert again.start > second[name][-1] + 1
+            else:
+                assert again == range(first[name].start, first[name].start + 20)
+    finally:
+        server.close()
+        other.close()
+
+
 def test_flickr_tables_and_wrong_strides_are_refused(database_url: str) -> None:
     server = TicketServer(database_url)
     try:

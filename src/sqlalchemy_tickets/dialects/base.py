@@ -307,6 +307,16 @@ class TicketBackend(BackendConnections):
                      increment=info.increment, offset=info.offset)
         return int(cursor.rowcount) == 1
 
+    def give_back_blocks(
+        self,
+        cursor: Any,
+        dialect: Dialect,
+        items: Sequence[tuple[TicketTable, range, TableInfo]],
+    ) -> list[bool]:
+        """:meth:`give_back_block` of each ``(table, ids, info)``, in order, in the caller's
+        transaction (a table may come more than once: its latest block first)."""
+        return [self.give_back_block(cursor, dialect, t, ids, info) for t, ids, info in items]
+
     def give_back_statement(self, t: sa.Table) -> sa.sql.Executable:
         """``UPDATE t SET id = :before WHERE id = :last`` (and the stride is still the one the
         ids were issued with)."""

@@ -31,6 +31,7 @@ from .base import (
     ConnectParams,
     Identity,
     ReturningBackend,
+    TableInfo,
     advance,
     lock_key,
     run,
@@ -62,6 +63,10 @@ _EXISTING = sa.text(
 
 #: The timeline this server writes on now: the first 8 hex digits of the current WAL file's
 #: name. ``pg_control_checkpoint()`` lags behind a promotion until the next checkpoint.
+#: Compare-and-sets of a close's give-backs in one statement (see ``give_back_blocks``).
+GIVE_BACK_BATCH = 64
+#: A parameter of a pyformat statement, ``%(name)s``.
+_PARAM = re.compile(r"%\((\w+)\)s")
 _TIMELINE = "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"
 
 #: The replication settings a commit waits by, and the server's clock (ms): see
@@ -154,6 +159,56 @@ class PostgreSQLBackend(ReturningBackend):
         if oid is None:
             return None
         return _identity(sysid, timeline, oid, *replication)
+
+    def give_back_blocks(
+        self,
+        cursor: Any,
+        dialect: Dialect,
+        items: Sequence[tuple[TicketTable, range, TableInfo]],
+    ) -> list[bool]:
+        # A statement per table is a round trip each: closing a cache of thousands of lanes
+        # would take seconds. Here each statement holds up to GIVE_BACK_BATCH compare-and-sets,
+        # each an UPDATE in a WITH clause of its own and reporting the rows it moved. The
+        # clauses of one statement see the same snapshot: a table given back twice (a lane's
+        # latest block, then the one before it) goes in the next statement, which sees the
+        # first move (same transaction).
+        if dialect.paramstyle != "pyformat":  # the SQL's parameters are filled in below
+            return super().give_back_blocks(cursor, dialect, items)
+        text = sa.String().literal_processor(dialect)
+        assert text is not None
+        out = [False] * len(items)
+        pending = [i for i, (table, _, _) in enumerate(items) if not table.flickr]
+        while pending:
+            part: list[int] = []
+            later: list[int] = []
+            tables: set[TicketTable] = set()
+            for i in pending:
+                table = items[i][0]
+                if table in tables or len(part) == GIVE_BACK_BATCH:
+                    later.append(i)
+                else:
+                    tables.add(table)
+                    part.append(i)
+            clauses: list[str] = []
+            for n, i in enumerate(part):
+                table, ids, info = items[i]
+                stmt = self.statement(dialect, table, "give_back", self.give_back_statement)
+                values = stmt.params(last=ids[-1], before=ids.start - ids.step,
+                                     increment=info.increment, offset=info.offset)
+                assert isinstance(values, dict)
+                # As literals (the library's own integers, and the row's constant key):
+                # psycopg parses a statement's parameters in Python, a cost per character of
+                # a statement sent once.
+                literals = {k: text(v) if isinstance(v, str) else str(int(v))
+                            for k, v in values.items()}
+                sql = _PARAM.sub(lambda m, lit=literals: lit[m.group(1)], stmt.sql)
+                clauses.append(f"g{n} AS ({sql} RETURNING 1)")
+            counts = ", ".join(f"(SELECT count(*) FROM g{n})" for n in range(len(part)))
+            cursor.execute(f"WITH {', '.join(clauses)} SELECT {counts}")
+            for i, moved in zip(part, cursor.fetchone(), strict=True):
+                out[i] = int(moved) == 1
+            pending = later
+        return out
 
     def identities(
         self, cursor: Any, dialect: Dialect, tables: Sequence[TicketTable]

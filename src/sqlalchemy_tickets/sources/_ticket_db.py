@@ -140,10 +140,8 @@ class TicketDatabase:
         self, wanted: Sequence[tuple[TicketTable, range, TableInfo]]
     ) -> list[bool]:
         """:meth:`give_back` of each ``(table, ids, info)`` in one transaction."""
-        return self.call(wanted[0][0], lambda c: self._together(c, lambda: [
-            self.backend.give_back_block(c, self._dialect, t, ids, info)
-            for t, ids, info in wanted
-        ]))
+        return self.call(wanted[0][0], lambda c: self._together(
+            c, lambda: self.backend.give_back_blocks(c, self._dialect, wanted)))
 
     def _together(self, cursor: Any, work: Callable[[], list[_R]]) -> list[_R]:
         """``work()`` in one transaction on ``cursor`` (where the database takes transaction
