@@ -13,7 +13,7 @@ from ._schema import TableSpec
 from .columns import TicketId
 from .dialects._connect import engine_of
 from .errors import TicketsError
-from .sources.default import configured_source, forget_embedded
+from .sources.default import configured_source, detach_embedded
 from .sources.server import TicketServer
 
 if TYPE_CHECKING:
@@ -57,10 +57,14 @@ def drop_ticket_tables(
                     "source's tables with op.drop_ticket_table() or use a fresh database"
                 )
             wanted.add((kind.sequence, kind.bits))
-    forget_embedded(engine)
+    # Its connections are open already: the drop goes through them.
+    server = detach_embedded(engine)
     if not wanted:
+        if server is not None:
+            server.close()
         return []
-    server = TicketServer(engine, embedded=True)
+    if server is None:
+        server = TicketServer(engine, embedded=True)
     backend = server.backend
     tables = [ticket_table(sequence, bits, server.table_template)
               for sequence, bits in sorted(wanted, key=lambda key: (key[0] or "", key[1]))]

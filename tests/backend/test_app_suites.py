@@ -77,6 +77,23 @@ def _join_library_threads(timeout: float = 10.0) -> list[threading.Thread]:
     return _library_threads()
 
 
+class _Connects:
+    """Counts the connections any pool of the process makes while it is entered."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def _made(self, *_: object) -> None:
+        self.count += 1
+
+    def __enter__(self) -> _Connects:
+        sa.event.listen(sa.pool.Pool, "connect", self._made)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        sa.event.remove(sa.pool.Pool, "connect", self._made)
+
+
 # -- an engine per test ------------------------------------------------------------------------
 
 
@@ -119,7 +136,12 @@ def test_an_engine_per_test_leaves_no_connection_or_thread(
             Base.metadata.create_all(engine)
             ids.append(_flush_one_of_each(engine))
             if ending == "dispose":
-                engine.dispose()
+                embedded_source(engine).wait_idle(10.0)  # no refill under way
+                with _Connects() as connects:
+                    engine.dispose()
+                # Its ids went back on the library's connections already open, before they
+                # closed with the engine.
+                assert connects.count == 0
             else:
                 engine.pool.dispose()  # the application's own connections: its business
             del engine
@@ -367,7 +389,10 @@ def test_drop_ticket_tables_starts_the_sequences_again(app_engine: sa.Engine) ->
         Base.metadata.create_all(app_engine)
         assert _flush_one_of_each(app_engine) == [1, 1, 1]
         Base.metadata.drop_all(app_engine)
-        dropped = drop_ticket_tables(Base.metadata, app_engine)
+        embedded_source(app_engine).wait_idle(10.0)  # no refill under way
+        with _Connects() as connects:
+            dropped = drop_ticket_tables(Base.metadata, app_engine)
+        assert connects.count == 0  # through the embedded default's connections
         assert sorted(dropped) == sorted(
             ticket_table(t.sequence, t.bits).name
             for t in (model.__table__.c.id.type for model in MODELS)

@@ -7,7 +7,7 @@ admin and command-line paths) reaches its database through an :class:`OwnEngine`
   come from that engine's own connection factory (``pool._invoke_creator``): its URL,
   ``connect_args``, ``creator``, ``do_connect`` hooks (an IAM token, a rotated password, TLS
   files) and whatever plugins put there. The library adds its own settings on a *copy* of the
-  connect arguments through one ``do_connect`` listener placed first on the application's
+  connect arguments through one ``do_connect`` listener on the application's
   dialect, which does nothing at all for the application's own connections (see
   :func:`_inherit_listener`).
 * **Apart from the application.** The connections live in a pool of their own, in autocommit:
@@ -203,12 +203,16 @@ _listen_lock = threading.Lock()
 def _inherit_listener(
     dialect: Dialect, record: Any, cargs: list[Any], cparams: dict[str, Any]
 ) -> Any:
-    """``do_connect``, first on the application's dialect: for the library's own connections
-    only, the application's hooks run on a copy of the arguments with the library's settings.
+    """``do_connect`` on the application's dialect: for the library's own connections only,
+    the application's hooks run on a copy of the arguments with the library's settings.
 
     The application's own connections find no request and go on untouched (``None``). A copy,
     because before SQLAlchemy 2.1 the arguments are the engine's own dict, shared by every
     later connect. The hooks after this one run here, so hooks added later are honoured too.
+    Hooks added before it run before it, on the arguments as they are (SQLAlchemy calls an
+    engine's listeners in the order they were added, whatever ``insert=True`` asks); one of
+    them that returns a connection makes it, and :meth:`OwnEngine._inherited_connection`
+    settles that connection for the library.
     """
     request: _Request | None = getattr(_local, "request", None)
     if request is None:

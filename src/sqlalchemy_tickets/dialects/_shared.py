@@ -24,11 +24,12 @@ class _Shared:
     """What the library keeps for one application engine: its engines of its own, by URL, and
     what must run before they close when the application's engine is collected."""
 
-    __slots__ = ("engines", "closers")
+    __slots__ = ("engines", "closers", "before_dispose")
 
     def __init__(self) -> None:
         self.engines: dict[str, OwnEngine] = {}
         self.closers: list[Callable[[], None]] = []
+        self.before_dispose: list[Callable[[Engine], None]] = []
 
 
 _shared: weakref.WeakKeyDictionary[Engine, _Shared] = weakref.WeakKeyDictionary()
@@ -84,10 +85,26 @@ def close_before_collected(app: Engine, closer: Callable[[], None]) -> None:
         _shared_of(app).closers.append(closer)
 
 
+def close_before_disposed(app: Engine, closer: Callable[[Engine], None]) -> None:
+    """Run ``closer(app)`` when ``app`` is disposed, before the library's engines on its
+    database close (as :func:`close_before_collected`); once, however often it is passed."""
+    with _shared_lock:
+        found = _shared_of(app)
+        if closer not in found.before_dispose:
+            found.before_dispose.append(closer)
+
+
 def _dispose_shared(app: Engine) -> None:
+    # One listener runs the closers, then closes the engines: SQLAlchemy does not keep an
+    # engine's listeners in the order asked for (``insert=True`` is not honoured once other
+    # events of the engine have listeners), and a closer run after the engines closed would
+    # connect again.
     with _shared_lock:
         found = _shared.get(app)
+        closers = list(found.before_dispose) if found is not None else []
         engines = list(found.engines.values()) if found is not None else []
+    for closer in closers:
+        closer(app)
     for own in engines:
         own.dispose()
 

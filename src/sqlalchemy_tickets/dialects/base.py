@@ -524,8 +524,13 @@ class TicketBackend(BackendConnections):
             last_id=sa.bindparam("v_last", type_=sa.BigInteger),
         )
         for start in range(0, len(rows), MANY):
-            connection.execute(seed, rows[start : start + MANY])
-            connection.execute(update, rows[start : start + MANY])
+            part = rows[start : start + MANY]
+            # Rows registered with their table (the usual case) take the update alone; where
+            # some are missing (or the driver cannot count), they are seeded and all updated.
+            if connection.execute(update, part).rowcount == len(part):
+                continue
+            connection.execute(seed, part)
+            connection.execute(update, part)
 
     def refuses_transactions(self, error: BaseException | None) -> bool:
         """Whether a DBAPI error says the server refuses transaction blocks (a connection

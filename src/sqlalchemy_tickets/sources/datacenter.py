@@ -130,7 +130,7 @@ from ._tier_ledger import (
     take_from_head,
 )
 from ._tier_refill import RATE_INTERVAL_MS, TierRefills
-from ._tier_store import Taken
+from ._tier_store import Key, Taken
 from .base import Request, TicketSource, check_count, check_ids, ensure_above_in, prepare_in
 
 __all__ = [
@@ -485,13 +485,16 @@ class DatacenterTier:
                 raise NoState
             queued = self.store.queued(conn, list(states))
             moves = Moves()
+            added: dict[Key, list[range]] = {}  # what this part queued, per lane
             for n, (lane, ids) in part:
                 state = states[lane.key]
                 held = [state.head, *(q.ids for q in queued[lane.key]),
-                        *(q.ids for q in moves.added if q.key == lane.key)]
+                        *added.get(lane.key, ())]
                 if any(share_an_id(ids, b) for b in held):
                     continue
-                moves += put(state, ids, GIVEN_BACK)
+                put_now = put(state, ids, GIVEN_BACK)
+                added.setdefault(lane.key, []).extend(q.ids for q in put_now.added)
+                moves += put_now
                 state.given_back += len(ids)
                 taken_by[n] = len(ids)
             self.store.write(conn, states.values())

@@ -9,10 +9,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine
 
-from ..dialects._shared import close_before_collected
+from ..dialects._shared import close_before_collected, close_before_disposed
 from ..errors import TicketsError
 from . import _urls
 from .base import TicketSource
@@ -140,24 +139,25 @@ def embedded_source(app_engine: Engine) -> CachedSource:
             waste_budget=EMBEDDED_WASTE_BUDGET,
         ))
         _embedded[app_engine] = found
-        if not event.contains(app_engine, "engine_disposed", _on_engine_disposed):
-            # First: the ids are given back on the connections still open, before the
-            # library's pool on that database is closed with the engine.
-            event.listen(app_engine, "engine_disposed", _on_engine_disposed, insert=True)
-        # Its ids given back before the library's pool there closes with the engine.
+        # Its ids given back on the connections still open, before the library's pool on
+        # that database closes with the engine (its dispose, or its collection).
+        close_before_disposed(app_engine, _on_engine_disposed)
         close_before_collected(app_engine, found.close_in_owner)
     return found.cache
 
 
-def forget_embedded(app_engine: Engine) -> CachedSource | None:
-    """Close the embedded default of ``app_engine``, if it has one, and forget it: the next use
-    makes a new one. Returns the closed cache."""
+def detach_embedded(app_engine: Engine) -> TicketServer | None:
+    """Forget the embedded default of ``app_engine``, if it has one (the next use makes a new
+    one): its cache closed, its ids in hand given back; its :class:`TicketServer` returned
+    open, its connections ready, for the caller to use and close."""
     with _lock:
         found = _embedded.pop(app_engine, None)
     if found is None:
         return None
-    found.close()
-    return found.cache
+    found.cache.close()
+    server = found.cache.source
+    assert isinstance(server, TicketServer)
+    return server
 
 
 def resolve(explicit: TicketSource | None, app_engine: Callable[[], Engine]) -> TicketSource:
