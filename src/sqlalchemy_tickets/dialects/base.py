@@ -191,8 +191,16 @@ class TicketBackend(BackendConnections):
 
     def stamp_table(self, metadata: sa.MetaData | None = None) -> sa.Table:
         """What the library records about this database to notice that it went back in time
-        (``_schema.stamp_table``)."""
-        return _schema.stamp_table(self, metadata)
+        (``_schema.stamp_table``); without ``metadata``, one ``Table`` made once (SQLAlchemy
+        caches what it compiles by table: a new one at each read would be compiled again)."""
+        if metadata is not None:
+            return _schema.stamp_table(self, metadata)
+        found = self._tier_take_statements.get("stamp_table")
+        if found is None:
+            with self._lock:
+                found = self._tier_take_statements.setdefault(
+                    "stamp_table", _schema.stamp_table(self))
+        return found  # type: ignore[no-any-return]
 
     def read_stamp(self, connection: sa.Connection, table: TicketTable) -> Identity | None:
         """The identity recorded for ``table`` (``None``: none recorded). Without a stamp table
@@ -580,6 +588,18 @@ class TicketBackend(BackendConnections):
         # their compiled forms; and SQL made once per dialect.
         self._tier_take_statements: dict[Any, Any] = {}
         self._lock = threading.Lock()
+
+    def once(self, dialect: Dialect, key: str, build: Callable[[], Any]) -> RawStatement:
+        """The statement ``key``, the same for every table, built by ``build()`` and compiled
+        once per driver."""
+        cache_key = (key, dialect.name, dialect.driver, dialect.paramstyle)
+        found = self._tier_take_statements.get(cache_key)
+        if found is None:
+            with self._lock:
+                found = self._tier_take_statements.get(cache_key)
+                if found is None:
+                    found = self._tier_take_statements[cache_key] = RawStatement(build(), dialect)
+        return found
 
     def statement(
         self, dialect: Dialect, table: TicketTable, key: str, build: Any

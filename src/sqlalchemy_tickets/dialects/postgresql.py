@@ -34,7 +34,6 @@ from .base import (
     TableInfo,
     advance,
     lock_key,
-    run,
     transport_fd,
 )
 
@@ -84,11 +83,13 @@ _IDENTITY = sa.text(
     f"{_TIMELINE}, to_regclass(quote_ident(:name))::oid::bigint, {_REPLICATION}"
 )
 
-#: :data:`_IDENTITY` without the table: what many tables' identities share.
-_CLUSTER = sa.text(
-    "SELECT (SELECT system_identifier FROM pg_control_system())::text, "
-    f"{_TIMELINE}, {_REPLICATION}"
-)
+#: :data:`_IDENTITY` of many tables in one statement (a row each; the cluster's columns are
+#: read from the first).
+_IDENTITIES = sa.text(
+    "SELECT n, to_regclass(quote_ident(n))::oid::bigint, "
+    "(SELECT system_identifier FROM pg_control_system())::text, "
+    f"{_TIMELINE}, {_REPLICATION} FROM unnest(CAST(:names AS text[])) AS n"
+).bindparams(sa.bindparam("names", type_=postgresql.ARRAY(sa.Text)))
 
 #: ``synchronous_commit`` levels at which a commit returns only once the synchronous standbys
 #: have its WAL (``remote_write``: written, not yet flushed: it survives the primary's death,
@@ -128,6 +129,19 @@ def _identity(
         guard += (standby_names, level)
     return Identity(f"pg:{sysid}", f"timeline:{int(timeline, 16)}", f"oid:{oid}",
                     synchronous, guard=guard, clock=int(clock))
+
+
+def _filled(sql: str, values: dict[str, Any]) -> str:
+    """A pyformat statement with its parameters (integers, strings) written in as literals
+    (strings standard-conforming: only quotes are doubled)."""
+
+    def literal(match: re.Match[str]) -> str:
+        value = values[match.group(1)]
+        if isinstance(value, str):
+            return "'" + value.replace("'", "''") + "'"
+        return str(int(value))
+
+    return _PARAM.sub(literal, sql)
 
 
 def _replication_unchanged() -> list[sa.ColumnElement[bool]]:
@@ -174,8 +188,6 @@ class PostgreSQLBackend(ReturningBackend):
         # first move (same transaction).
         if dialect.paramstyle != "pyformat":  # the SQL's parameters are filled in below
             return super().give_back_blocks(cursor, dialect, items)
-        text = sa.String().literal_processor(dialect)
-        assert text is not None
         out = [False] * len(items)
         pending = [i for i, (table, _, _) in enumerate(items) if not table.flickr]
         while pending:
@@ -199,10 +211,7 @@ class PostgreSQLBackend(ReturningBackend):
                 # As literals (the library's own integers, and the row's constant key):
                 # psycopg parses a statement's parameters in Python, a cost per character of
                 # a statement sent once.
-                literals = {k: text(v) if isinstance(v, str) else str(int(v))
-                            for k, v in values.items()}
-                sql = _PARAM.sub(lambda m, lit=literals: lit[m.group(1)], stmt.sql)
-                clauses.append(f"g{n} AS ({sql} RETURNING 1)")
+                clauses.append(f"g{n} AS ({_filled(stmt.sql, values)} RETURNING 1)")
             counts = ", ".join(f"(SELECT count(*) FROM g{n})" for n in range(len(part)))
             cursor.execute(f"WITH {', '.join(clauses)} SELECT {counts}")
             for i, moved in zip(part, cursor.fetchone(), strict=True):
@@ -215,21 +224,17 @@ class PostgreSQLBackend(ReturningBackend):
     ) -> dict[TicketTable, Identity | None]:
         if not tables:
             return {}
-        sysid, timeline, *replication = run(cursor, _CLUSTER, dialect).fetchone()
         found: dict[TicketTable, Identity | None] = {}
+        stmt = self.once(dialect, "identities", lambda: _IDENTITIES)
         for start in range(0, len(tables), MANY):
             part = tables[start : start + MANY]
-            names = sa.values(sa.column("n", sa.Text), name="names").data(
-                [(t.name,) for t in part]
-            )
-            oid = sa.func.to_regclass(sa.func.quote_ident(names.c.n))
-            rows = dict(run(cursor, sa.select(
-                names.c.n, sa.cast(sa.cast(oid, postgresql.OID), sa.BigInteger)
-            ), dialect).fetchall())
+            rows = stmt.execute(cursor, names=[t.name for t in part]).fetchall()
+            cluster = rows[0][2:]  # one server, one moment: the first row's
+            oids = {name: oid for name, oid, *_ in rows}
             for table in part:
-                oid_of = rows.get(table.name)
+                oid_of = oids.get(table.name)
                 found[table] = None if oid_of is None else _identity(
-                    sysid, timeline, oid_of, *replication)
+                    cluster[0], cluster[1], oid_of, *cluster[2:])
         return found
 
     def identity_columns(self, name: str) -> list[sa.ColumnElement[Any]]:

@@ -40,7 +40,7 @@ logger = logging.getLogger("sqlalchemy_tickets")
 _R = TypeVar("_R")
 
 #: The creation lock of the stamp table is keyed by its name, as a ticket table's is.
-_STAMPS = TicketTable(None, 64, STAMP_TABLE)
+STAMPS = TicketTable(None, 64, STAMP_TABLE)
 
 #: Databases (URLs) whose missing stamp table was reported in this process: once each.
 _reported: set[str] = set()
@@ -50,7 +50,7 @@ _reported_lock = threading.Lock()
 def create_stamp_table(own: OwnEngine) -> None:
     """Make the stamp table of ``own``'s database, under its creation lock (concurrent
     creators wait for each other); nothing happens where it exists."""
-    create_under_lock(own, [_STAMPS], lambda conn: _schema.stamp_statements(own.backend))
+    create_under_lock(own, [STAMPS], lambda conn: _schema.stamp_statements(own.backend))
 
 
 class Stamps:

@@ -11,11 +11,11 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from .._naming import STAMP_TABLE, check_bits, check_stride, normalize_sequence, ticket_table
-from .._schema import register_statements
+from .._schema import register_statements, stamp_statements
 from ..dialects._connect import create_under_lock
 from ..dialects.base import TableSpec
 from ..errors import TicketsError
-from ._stamps import create_stamp_table
+from ._stamps import STAMPS, create_stamp_table
 from ._ticket_db import TicketDatabase
 
 logger = logging.getLogger("sqlalchemy_tickets")
@@ -99,13 +99,16 @@ class TableMaker:
             existing = self.db.own.run(look)
         except sa_exc.DBAPIError as error:
             raise self.db.own.unavailable(error) from error
-        if STAMP_TABLE not in existing:
-            # Made with the ticket tables, so that clients with no right to create tables
-            # keep every guard against rewinds (``_stamps.py``).
-            create_stamp_table(self.db.own)
+        # Made with the ticket tables, so that clients with no right to create tables keep
+        # every guard against rewinds (``_stamps.py``): in the first batch's step, or alone
+        # where every table is there already.
+        stamps = STAMP_TABLE not in existing
         if reseed:
             existing = set()
         there = [spec.table.name for spec in specs if spec.table.name in existing]
+        if stamps and len(there) == len(specs):
+            create_stamp_table(self.db.own)
+            stamps = False
         if there:
             # Registered as a migration registers them, where an older release made them
             # (the stamp table stays while a ticket table uses it: ``_schema.py``).
@@ -117,7 +120,8 @@ class TableMaker:
         while pending:
             batch, pending = pending[:size], pending[size:]
             began = time.monotonic()
-            made = self._batch(batch, statements)
+            made = self._batch(batch, statements, stamps=stamps)
+            stamps = False
             created += made
             if not made:
                 continue  # another creator made them: its pace says nothing of ours
@@ -131,10 +135,15 @@ class TableMaker:
         return created
 
     def _batch(
-        self, batch: list[TableSpec], statements: dict[str, list[sa.sql.Executable]]
+        self,
+        batch: list[TableSpec],
+        statements: dict[str, list[sa.sql.Executable]],
+        *,
+        stamps: bool = False,
     ) -> list[str]:
         """Create and seed ``batch`` (``statements``: each table's) as one step under its
-        creation locks; the names of the tables that were not there once the locks were held."""
+        creation locks (``stamps``: the stamp table first, under its lock too); the names of
+        the tables that were not there once the locks were held."""
         fresh: dict[str, None] = {}
 
         def under_locks(conn: sa.Connection) -> list[sa.sql.Executable]:
@@ -144,10 +153,12 @@ class TableMaker:
             # attempt that failed statement by statement (no transaction) may have made some.
             found = self.db.backend.existing_tables(conn, [spec.table.name for spec in batch])
             fresh.update((spec.table.name, None) for spec in batch if spec.table.name not in found)
-            return [statement for spec in batch for statement in statements[spec.table.name]]
+            first = stamp_statements(self.db.backend) if stamps else []
+            return [*first, *(st for spec in batch for st in statements[spec.table.name])]
 
+        locked = [spec.table for spec in batch]
         self.db.transactions = create_under_lock(
-            self.db.own, [spec.table for spec in batch], under_locks,
+            self.db.own, [STAMPS, *locked] if stamps else locked, under_locks,
             transactions=self.db.transactions,
         )
         names = list(fresh)
