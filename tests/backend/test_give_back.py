@@ -65,6 +65,35 @@ def test_a_block_taken_after_by_another_client_makes_it_refuse(database_url: str
         theirs.close()
 
 
+def test_many_sequences_are_taken_in_one_call_each_as_alone(database_url: str) -> None:
+    # More sequences than one statement holds (PostgreSQL sends 64 takes to a statement), a
+    # sequence asked twice in one call, and one whose stride changed under the server (it
+    # goes the long way, alone): each block is what a call of its own would have taken.
+    server, other = TicketServer(database_url), TicketServer(database_url)
+    try:
+        names = [f"take{i:03d}" for i in range(150)]
+        server.prepare(names)
+        before = {name: server.next_block(name, 1) for name in names}
+        for name in names[::5]:  # another client moves these meanwhile
+            other.next_block(name, 7)
+        requests = [(name, 3, 64) for name in names] + [(names[0], 2, 64), (names[1], 4, 64)]
+        blocks = server.next_blocks(requests)
+        seen: dict[str, set[int]] = {}
+        for (name, count, _), block in zip(requests, blocks, strict=True):
+            assert isinstance(block, range) and len(block) == count, (name, block)
+            assert block.start > before[name][-1] + (7 if name in names[::5] else 0)
+            assert not seen.setdefault(name, set()) & set(block)
+            seen[name] |= set(block)
+        assert blocks[-2].start == blocks[0].stop and blocks[-1].start == blocks[1].stop
+        for name in names:  # each table's row says what was taken, and nothing more
+            assert server.describe(name).last_id == max(  # type: ignore[union-attr]
+                b[-1] for (n, _, _), b in zip(requests, blocks, strict=True)
+                if n == name and isinstance(b, range))
+    finally:
+        server.close()
+        other.close()
+
+
 def test_many_sequences_go_back_in_one_call_each_latest_block_first(database_url: str) -> None:
     # More sequences than one statement holds (PostgreSQL sends them 64 to a statement), a
     # sequence given back twice in one call (its latest block, then the one before), and

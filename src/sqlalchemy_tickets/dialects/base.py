@@ -265,9 +265,25 @@ class TicketBackend(BackendConnections):
         :attr:`identity_in_block`) the table is no longer ``identity``'s (the caller tells
         which with :meth:`describe` and :meth:`identity`).
         """
+        plan = self.take_plan(dialect, table, count, info, identity)
+        if plan is None:
+            return None
+        stmt, values = plan
+        stmt.execute(cursor, **values)
+        return self.advanced_id(cursor)
+
+    def take_plan(
+        self,
+        dialect: Dialect,
+        table: TicketTable,
+        count: int,
+        info: TableInfo,
+        identity: Identity | None = None,
+    ) -> tuple[RawStatement, dict[str, Any]] | None:
+        """The statement :meth:`take_block` runs and its values (``None``: more than the id
+        space, where no row could advance and the SQL would overflow)."""
         step = count * info.increment
         if step > table.max_id:
-            # More than the id space: no row could advance, and the SQL would overflow.
             return None
         guards = self.identity_guards(identity) if identity is not None and identity.guard else None
         if guards and identity is not None:
@@ -276,11 +292,20 @@ class TicketBackend(BackendConnections):
             stmt = self.statement(dialect, table, "take_block", self.advance_statement)
             guards = {}
         if table.flickr:
-            stmt.execute(cursor, step=step, max=table.max_id - step, **guards)
-        else:
-            stmt.execute(cursor, step=step, max=table.max_id - step,
-                         increment=info.increment, offset=info.offset, **guards)
-        return self.advanced_id(cursor)
+            return stmt, {"step": step, "max": table.max_id - step, **guards}
+        return stmt, {"step": step, "max": table.max_id - step, "increment": info.increment,
+                      "offset": info.offset, **guards}
+
+    def take_blocks(
+        self,
+        cursor: Any,
+        dialect: Dialect,
+        items: Sequence[tuple[TicketTable, int, TableInfo, Identity | None]],
+    ) -> list[int | None]:
+        """:meth:`take_block` of each ``(table, count, info, identity)``, in order, in the
+        caller's transaction."""
+        return [self.take_block(cursor, dialect, t, count, info, identity)
+                for t, count, info, identity in items]
 
     def identity_guards(self, identity: Identity) -> dict[str, Any]:
         """Parameters of :meth:`guarded_advance_statement` for ``identity`` (empty: the

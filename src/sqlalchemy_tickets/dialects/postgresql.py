@@ -62,8 +62,8 @@ _EXISTING = sa.text(
 
 #: The timeline this server writes on now: the first 8 hex digits of the current WAL file's
 #: name. ``pg_control_checkpoint()`` lags behind a promotion until the next checkpoint.
-#: Compare-and-sets of a close's give-backs in one statement (see ``give_back_blocks``).
-GIVE_BACK_BATCH = 64
+#: Updates of ticket tables sent in one statement (see ``PostgreSQLBackend._batched``).
+BATCH = 64
 #: A parameter of a pyformat statement, ``%(name)s``.
 _PARAM = re.compile(r"%\((\w+)\)s")
 _TIMELINE = "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"
@@ -131,17 +131,22 @@ def _identity(
                     synchronous, guard=guard, clock=int(clock))
 
 
-def _filled(sql: str, values: dict[str, Any]) -> str:
-    """A pyformat statement with its parameters (integers, strings) written in as literals
-    (strings standard-conforming: only quotes are doubled)."""
-
-    def literal(match: re.Match[str]) -> str:
-        value = values[match.group(1)]
-        if isinstance(value, str):
-            return "'" + value.replace("'", "''") + "'"
-        return str(int(value))
-
-    return _PARAM.sub(literal, sql)
+def _filled(sql: str, values: Any) -> str | None:
+    """A pyformat statement with its parameters written in as literals: the library's own
+    integers and short strings (psycopg parses a statement's parameters in Python, a cost per
+    character of a statement sent once). ``None`` for a value that is neither, or a string
+    that a server without ``standard_conforming_strings`` would read otherwise."""
+    literals: dict[str, str] = {}
+    for name, value in values.items():
+        if isinstance(value, bool) or value is None:
+            return None
+        if isinstance(value, int):
+            literals[name] = str(int(value))
+        elif isinstance(value, str) and "\\" not in value:
+            literals[name] = "'" + value.replace("'", "''") + "'"
+        else:
+            return None
+    return _PARAM.sub(lambda match: literals[match.group(1)], sql)
 
 
 def _replication_unchanged() -> list[sa.ColumnElement[bool]]:
@@ -174,48 +179,79 @@ class PostgreSQLBackend(ReturningBackend):
             return None
         return _identity(sysid, timeline, oid, *replication)
 
+    def take_blocks(
+        self,
+        cursor: Any,
+        dialect: Dialect,
+        items: Sequence[tuple[TicketTable, int, TableInfo, Identity | None]],
+    ) -> list[int | None]:
+        plans = [self.take_plan(dialect, t, count, info, identity)
+                 for t, count, info, identity in items]
+        found = self._batched(cursor, dialect, [
+            None if plan is None else (t, plan[0].sql, plan[0].params(**plan[1]))
+            for (t, *_), plan in zip(items, plans, strict=True)
+        ], count=False)
+        return [None if last is None else int(last) for last in found]
+
     def give_back_blocks(
         self,
         cursor: Any,
         dialect: Dialect,
         items: Sequence[tuple[TicketTable, range, TableInfo]],
     ) -> list[bool]:
-        # A statement per table is a round trip each: closing a cache of thousands of lanes
-        # would take seconds. Here each statement holds up to GIVE_BACK_BATCH compare-and-sets,
-        # each an UPDATE in a WITH clause of its own and reporting the rows it moved. The
-        # clauses of one statement see the same snapshot: a table given back twice (a lane's
-        # latest block, then the one before it) goes in the next statement, which sees the
-        # first move (same transaction).
-        if dialect.paramstyle != "pyformat":  # the SQL's parameters are filled in below
-            return super().give_back_blocks(cursor, dialect, items)
-        out = [False] * len(items)
-        pending = [i for i, (table, _, _) in enumerate(items) if not table.flickr]
+        statements: list[tuple[TicketTable, str, Any] | None] = []
+        for table, ids, info in items:
+            if table.flickr:
+                statements.append(None)
+                continue
+            stmt = self.statement(dialect, table, "give_back", self.give_back_statement)
+            statements.append((table, f"{stmt.sql} RETURNING 1", stmt.params(
+                last=ids[-1], before=ids.start - ids.step,
+                increment=info.increment, offset=info.offset)))
+        return [moved == 1 for moved in self._batched(cursor, dialect, statements, count=True)]
+
+    def _batched(
+        self,
+        cursor: Any,
+        dialect: Dialect,
+        statements: Sequence[tuple[TicketTable, str, Any] | None],
+        *,
+        count: bool,
+    ) -> list[Any]:
+        """Each ``(table, sql, values)`` — an ``UPDATE … RETURNING`` of the row of ``table`` —
+        run in order, in the caller's transaction; for each, what it returned (``count``: how
+        many rows; ``None``: no statement, or no row).
+
+        A statement per table is a round trip each: a cache refilling or closing thousands of
+        lanes would take seconds. Here up to :data:`BATCH` updates go in one statement, each in
+        a ``WITH`` clause of its own. The clauses of one statement see the same snapshot: a
+        table that comes twice (a lane's latest block given back, then the one before it)
+        goes in the next statement, which sees the first change (same transaction)."""
+        out: list[Any] = [None] * len(statements)
+        pending = [(i, st) for i, st in enumerate(statements) if st is not None]
         while pending:
-            part: list[int] = []
-            later: list[int] = []
+            part: list[tuple[int, str]] = []
+            later: list[tuple[int, tuple[TicketTable, str, Any]]] = []
             tables: set[TicketTable] = set()
-            for i in pending:
-                table = items[i][0]
-                if table in tables or len(part) == GIVE_BACK_BATCH:
-                    later.append(i)
-                else:
-                    tables.add(table)
-                    part.append(i)
-            clauses: list[str] = []
-            for n, i in enumerate(part):
-                table, ids, info = items[i]
-                stmt = self.statement(dialect, table, "give_back", self.give_back_statement)
-                values = stmt.params(last=ids[-1], before=ids.start - ids.step,
-                                     increment=info.increment, offset=info.offset)
-                assert isinstance(values, dict)
-                # As literals (the library's own integers, and the row's constant key):
-                # psycopg parses a statement's parameters in Python, a cost per character of
-                # a statement sent once.
-                clauses.append(f"g{n} AS ({_filled(stmt.sql, values)} RETURNING 1)")
-            counts = ", ".join(f"(SELECT count(*) FROM g{n})" for n in range(len(part)))
-            cursor.execute(f"WITH {', '.join(clauses)} SELECT {counts}")
-            for i, moved in zip(part, cursor.fetchone(), strict=True):
-                out[i] = int(moved) == 1
+            for i, (table, sql, values) in pending:
+                if table in tables or len(part) == BATCH:
+                    later.append((i, (table, sql, values)))
+                    continue
+                filled = _filled(sql, values) if dialect.paramstyle == "pyformat" else None
+                if filled is None:  # alone, its parameters bound by the driver
+                    cursor.execute(sql, values)
+                    rows = cursor.fetchall()
+                    out[i] = len(rows) if count else (rows[0][0] if rows else None)
+                    continue
+                tables.add(table)
+                part.append((i, filled))
+            if part:
+                withs = ", ".join(f"g{n} AS ({sql})" for n, (_, sql) in enumerate(part))
+                pick = "count(*)" if count else "*"
+                picks = ", ".join(f"(SELECT {pick} FROM g{n})" for n in range(len(part)))
+                cursor.execute(f"WITH {withs} SELECT {picks}")
+                for (i, _), value in zip(part, cursor.fetchone(), strict=True):
+                    out[i] = value
             pending = later
         return out
 

@@ -131,10 +131,8 @@ class TicketDatabase:
         self, wanted: Sequence[tuple[TicketTable, int, TableInfo, Identity | None]]
     ) -> list[int | None]:
         """:meth:`take` of each ``(table, count, info, identity)`` in one transaction."""
-        return self.call(wanted[0][0], lambda c: self._together(c, lambda: [
-            self.backend.take_block(c, self._dialect, t, count, info, identity)
-            for t, count, info, identity in wanted
-        ]))
+        return self.call(wanted[0][0], lambda c: self._together(
+            c, lambda: self.backend.take_blocks(c, self._dialect, wanted)))
 
     def give_back_many(
         self, wanted: Sequence[tuple[TicketTable, range, TableInfo]]

@@ -71,6 +71,11 @@ class _Refill:
         return self.size - self.got
 
 
+#: Lanes whose marks are looked for one by one when a refill tells upstream; more, and every
+#: mark of the tier is read at once.
+_MARK_LOOKS = 8
+
+
 class TierRefills:
     """The refill jobs of one :class:`~sqlalchemy_tickets.DatacenterTier`, handed what they
     need.
@@ -239,12 +244,17 @@ class TierRefills:
         if not lanes:
             return
         prefixes = {self._mark_prefix(lane): lane for lane in lanes}
-        rows = self.db.own.run(lambda conn: self.store.marks_starting(conn, prefixes))
+        # A look per lane where there are a few; else one for every mark of the tier (a look
+        # by name prefix is a scan of the stamp table: one per lane grows as lanes squared).
+        looks = list(prefixes) if len(prefixes) <= _MARK_LOOKS else [
+            tier_mark_prefix(self.db.names)]
+        rows = self.db.own.run(lambda conn: self.store.marks_starting(conn, looks))
         highs: dict[int, int] = {}
         for row in rows:
-            for prefix, lane in prefixes.items():
-                if row.name.startswith(prefix) and row.last_id is not None:
-                    highs[id(lane)] = max(highs.get(id(lane), 0), int(row.last_id))
+            # A mark's name is its lane's prefix, then "step:offset" (``_mark_name``).
+            lane = prefixes.get(row.name.rsplit(":", 2)[0] + ":")
+            if lane is not None and row.last_id is not None:
+                highs[id(lane)] = max(highs.get(id(lane), 0), int(row.last_id))
         for lane in lanes:
             high = highs.get(id(lane), 0)
             if high:
