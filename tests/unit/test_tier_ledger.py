@@ -55,6 +55,19 @@ def test_ids_given_back_go_out_before_a_head_never_issued() -> None:
     assert state.head == range(5, 8) and more.added == [Queued(KEY, GIVEN_BACK, range(2, 4))]
 
 
+def test_a_block_from_upstream_waits_behind_ranges_given_back() -> None:
+    # The head ran out while ranges given back wait in the queue: a refill's block queues too,
+    # and the next take promotes the first range (those given back go out first).
+    state = _state(stock=5)  # an empty head, five ids given back queued
+    moves = put(state, range(100, 200), NEVER_ISSUED)
+    assert not state.head and state.stock == 105
+    assert moves.added == [Queued(KEY, NEVER_ISSUED, range(100, 200))]
+    given_back = Queued(KEY, GIVEN_BACK, range(7, 12))
+    block, promoted = next_head(state, given_back, 3)
+    assert not block and state.head == range(7, 12) and state.head_kind == GIVEN_BACK
+    assert promoted.gone == [given_back]
+
+
 def test_the_last_id_of_the_space_never_becomes_a_head() -> None:
     """A head's first id moves just past its last in SQL, which must fit a BIGINT: the very
     last id stays queued and goes out from the stock."""

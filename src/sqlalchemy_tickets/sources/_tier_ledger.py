@@ -75,14 +75,19 @@ def take_from_head(state: State, count: int) -> range:
 
 
 def put(state: State, ids: range, kind: int) -> Moves:
-    """``ids`` into the stock (counted in ``state.stock``): the head where it is empty, or
-    where it holds ids never issued and ``ids`` were given back (those go out first: the head
-    goes back to the queue); queued otherwise."""
+    """``ids`` into the stock (counted in ``state.stock``): the head where it is empty (ids
+    never issued: only where nothing is queued either, since ranges given back may wait
+    there and go out first; the next take promotes the first), or where it holds ids never
+    issued and ``ids`` were given back (those go out first: the head goes back to the
+    queue); queued otherwise."""
     moves = Moves()
     if not ids:
         return moves
+    queued = state.stock - len(state.head)
     state.stock += len(ids)
-    if not state.head or (kind == GIVEN_BACK and state.head_kind == NEVER_ISSUED):
+    if (not state.head and (kind == GIVEN_BACK or not queued)) or (
+        kind == GIVEN_BACK and state.head_kind == NEVER_ISSUED
+    ):
         if state.head:
             moves.added.append(Queued(state.key, state.head_kind, state.head))
         head, rest = headable(ids)
