@@ -60,12 +60,13 @@ _EXISTING = sa.text(
 ).bindparams(sa.bindparam("names", type_=postgresql.ARRAY(sa.Text)))
 
 
-#: The timeline this server writes on now: the first 8 hex digits of the current WAL file's
-#: name. ``pg_control_checkpoint()`` lags behind a promotion until the next checkpoint.
 #: Updates of ticket tables sent in one statement (see ``PostgreSQLBackend._batched``).
 BATCH = 64
 #: A parameter of a pyformat statement, ``%(name)s``.
 _PARAM = re.compile(r"%\((\w+)\)s")
+
+#: The timeline this server writes on now: the first 8 hex digits of the current WAL file's
+#: name. ``pg_control_checkpoint()`` lags behind a promotion until the next checkpoint.
 _TIMELINE = "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"
 
 #: The replication settings a commit waits by, and the server's clock (ms): see
@@ -233,9 +234,10 @@ class PostgreSQLBackend(ReturningBackend):
             part: list[tuple[int, str]] = []
             later: list[tuple[int, tuple[TicketTable, str, Any]]] = []
             tables: set[TicketTable] = set()
-            for i, (table, sql, values) in pending:
+            for i, statement in pending:
+                table, sql, values = statement
                 if table in tables or len(part) == BATCH:
-                    later.append((i, (table, sql, values)))
+                    later.append((i, statement))
                     continue
                 filled = _filled(sql, values) if dialect.paramstyle == "pyformat" else None
                 if filled is None:  # alone, its parameters bound by the driver
@@ -265,12 +267,12 @@ class PostgreSQLBackend(ReturningBackend):
         for start in range(0, len(tables), MANY):
             part = tables[start : start + MANY]
             rows = stmt.execute(cursor, names=[t.name for t in part]).fetchall()
-            cluster = rows[0][2:]  # one server, one moment: the first row's
+            sysid, timeline, *replication = rows[0][2:]  # one server, one moment: the first's
             oids = {name: oid for name, oid, *_ in rows}
             for table in part:
                 oid_of = oids.get(table.name)
                 found[table] = None if oid_of is None else _identity(
-                    cluster[0], cluster[1], oid_of, *cluster[2:])
+                    sysid, timeline, oid_of, *replication)
         return found
 
     def identity_columns(self, name: str) -> list[sa.ColumnElement[Any]]:

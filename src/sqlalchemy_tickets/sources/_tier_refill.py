@@ -251,8 +251,7 @@ class TierRefills:
         rows = self.db.own.run(lambda conn: self.store.marks_starting(conn, looks))
         highs: dict[int, int] = {}
         for row in rows:
-            # A mark's name is its lane's prefix, then "step:offset" (``_mark_name``).
-            lane = prefixes.get(row.name.rsplit(":", 2)[0] + ":")
+            lane = prefixes.get(self._mark_prefix_of(row.name))
             if lane is not None and row.last_id is not None:
                 highs[id(lane)] = max(highs.get(id(lane), 0), int(row.last_id))
         for lane in lanes:
@@ -466,6 +465,12 @@ class TierRefills:
     def _mark_name(self, lane: TierLane, block: range) -> str:
         """The key of an upstream lane's high-water mark in the stamp table."""
         return f"{self._mark_prefix(lane)}{block.step}:{block.start % block.step}"
+
+    @staticmethod
+    def _mark_prefix_of(name: str) -> str:
+        """The :meth:`_mark_prefix` of a mark's key: :meth:`_mark_name` without its
+        ``step:offset``."""
+        return name.rsplit(":", 2)[0] + ":"
 
     def _upstream_rewound(self, lane: TierLane, block: range, high: int) -> bool:
         """Upstream offered ``block``, at or below ``high``: it went back in time. The block is

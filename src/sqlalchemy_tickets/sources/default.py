@@ -44,10 +44,17 @@ class _Embedded:
         self.cache = cache
         self.pid = os.getpid()
 
+    @property
+    def server(self) -> TicketServer:
+        """The ticket server under the cache."""
+        server = self.cache.source
+        assert isinstance(server, TicketServer)
+        return server
+
     def close(self) -> None:
         """Give the ids in hand back and close the connections; idempotent."""
         self.cache.close()
-        self.cache.source.close()  # type: ignore[attr-defined]
+        self.server.close()
 
     def close_in_owner(self) -> None:
         """:meth:`close`, in the process that made it only (a forked child's copy dropped the
@@ -155,9 +162,7 @@ def detach_embedded(app_engine: Engine) -> TicketServer | None:
     if found is None:
         return None
     found.cache.close()
-    server = found.cache.source
-    assert isinstance(server, TicketServer)
-    return server
+    return found.server
 
 
 def resolve(explicit: TicketSource | None, app_engine: Callable[[], Engine]) -> TicketSource:
