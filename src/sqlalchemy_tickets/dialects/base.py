@@ -424,6 +424,45 @@ class TicketBackend(BackendConnections):
             if column.name not in present
         ]
 
+    def keys_in(
+        self, columns: Sequence[sa.Column[Any]], keys: Sequence[tuple[Any, ...]]
+    ) -> sa.ColumnElement[bool]:
+        """Rows whose ``columns`` equal one of ``keys`` (a few hundred at most: a parameter per
+        value here, and SQLite bounds a statement's parameters)."""
+        return sa.tuple_(*columns).in_(list(keys))
+
+    def update_rows(
+        self, connection: sa.Connection, table: sa.Table, keys: Sequence[str],
+        rows: Sequence[Mapping[str, Any]],
+    ) -> None:
+        """Set the other columns of each of ``rows`` (column name -> value, the same names in
+        each) on the row of ``table`` whose ``keys`` columns hold its values (one statement per
+        row here)."""
+        if not rows:
+            return
+        c = table.c
+        stmt = sa.update(table).where(
+            *(c[k] == sa.bindparam(f"k_{k}", type_=c[k].type) for k in keys)
+        ).values({name: sa.bindparam(f"v_{name}", type_=c[name].type)
+                  for name in rows[0] if name not in keys})
+        connection.execute(stmt, [{(f"k_{n}" if n in keys else f"v_{n}"): v
+                                   for n, v in row.items()} for row in rows])
+
+    def delete_rows(
+        self, connection: sa.Connection, table: sa.Table, keys: Sequence[str],
+        rows: Sequence[tuple[Any, ...]],
+    ) -> None:
+        """Delete the rows of ``table`` whose ``keys`` columns hold one of ``rows`` (one
+        statement per row here)."""
+        if not rows:
+            return
+        c = table.c
+        connection.execute(
+            sa.delete(table).where(
+                *(c[k] == sa.bindparam(f"k_{k}", type_=c[k].type) for k in keys)),
+            [{f"k_{k}": value for k, value in zip(keys, row, strict=True)} for row in rows],
+        )
+
     def least(self, a: Any, b: Any) -> sa.ColumnElement[int]:
         """The smaller of two integer expressions."""
         return sa.func.least(a, b, type_=sa.BigInteger)

@@ -14,7 +14,7 @@ import importlib
 import math
 import re
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -442,6 +442,36 @@ class PostgreSQLBackend(ReturningBackend):
     def insert_seed(self, table: sa.Table, row: dict[str, Any]) -> sa.sql.Executable:
         return postgresql.insert(table).values(**row).on_conflict_do_nothing()
 
+    def keys_in(
+        self, columns: Sequence[sa.Column[Any]], keys: Sequence[tuple[Any, ...]]
+    ) -> sa.ColumnElement[bool]:
+        # A row value IN a list is planned as one OR arm per key (13 ms for 200 keys, beside
+        # a millisecond to run); IN the rows of unnested arrays is planned as one join.
+        found = _unnested(columns, [list(values) for values in zip(*keys, strict=True)])
+        return sa.tuple_(*columns).in_(sa.select(*found.c))
+
+    def update_rows(
+        self, connection: sa.Connection, table: sa.Table, keys: Sequence[str],
+        rows: Sequence[Mapping[str, Any]],
+    ) -> None:
+        if not rows:
+            return
+        names = list(rows[0])
+        new = _unnested([table.c[n] for n in names], [[row[n] for row in rows] for n in names])
+        connection.execute(
+            sa.update(table)
+            .where(*(table.c[k] == new.c[k] for k in keys))
+            .values({n: new.c[n] for n in names if n not in keys})
+        )
+
+    def delete_rows(
+        self, connection: sa.Connection, table: sa.Table, keys: Sequence[str],
+        rows: Sequence[tuple[Any, ...]],
+    ) -> None:
+        if rows:
+            connection.execute(sa.delete(table).where(
+                self.keys_in([table.c[k] for k in keys], rows)))
+
     def drop_if_empty_statements(self, table: sa.Table) -> list[sa.sql.Executable] | None:
         # One DO block: the same online and in --sql scripts. Where the table looks empty it
         # is locked first (a writer registering a table right then commits before, or waits
@@ -496,6 +526,17 @@ class PostgreSQLBackend(ReturningBackend):
     def is_denied(self, error: BaseException) -> bool:
         code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
         return code == "42501"  # insufficient_privilege
+
+
+def _unnested(
+    columns: Sequence[sa.Column[Any]], values: Sequence[list[Any]]
+) -> sa.TableValuedAlias:
+    """``unnest(array, …) AS anon(name, …)``: row i holds element i of each of ``values``,
+    typed and named as ``columns``."""
+    return sa.func.unnest(*(
+        sa.bindparam(None, array, type_=postgresql.ARRAY(column.type))
+        for column, array in zip(columns, values, strict=True)
+    )).table_valued(*(column.name for column in columns)).render_derived()
 
 
 def _connect_timeout(seconds: float) -> int:

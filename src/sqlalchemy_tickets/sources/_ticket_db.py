@@ -132,19 +132,20 @@ class TicketDatabase:
     ) -> list[int | None]:
         """:meth:`take` of each ``(table, count, info, identity)`` in one transaction."""
         return self.call(wanted[0][0], lambda c: self._together(
-            c, lambda: self.backend.take_blocks(c, self._dialect, wanted)))
+            c, lambda: self.backend.take_blocks(c, self._dialect, wanted), len(wanted)))
 
     def give_back_many(
         self, wanted: Sequence[tuple[TicketTable, range, TableInfo]]
     ) -> list[bool]:
         """:meth:`give_back` of each ``(table, ids, info)`` in one transaction."""
         return self.call(wanted[0][0], lambda c: self._together(
-            c, lambda: self.backend.give_back_blocks(c, self._dialect, wanted)))
+            c, lambda: self.backend.give_back_blocks(c, self._dialect, wanted), len(wanted)))
 
-    def _together(self, cursor: Any, work: Callable[[], list[_R]]) -> list[_R]:
-        """``work()`` in one transaction on ``cursor`` (where the database takes transaction
-        blocks): many small writes, one commit."""
-        if not self.transactions:
+    def _together(self, cursor: Any, work: Callable[[], list[_R]], tables: int) -> list[_R]:
+        """``work()`` on ``tables`` tables in one transaction on ``cursor`` (where the database
+        takes transaction blocks): many small writes, one commit. One table's write is one
+        statement, atomic in autocommit: a transaction would cost two round trips more."""
+        if not self.transactions or tables == 1:
             return work()
         cursor.execute("BEGIN")
         try:

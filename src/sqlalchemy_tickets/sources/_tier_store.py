@@ -141,7 +141,7 @@ class TierStore:
         if len(keys) == 1:
             (name, bits), = keys
             return sa.and_(table.c.sequence_name == name, table.c.bits == bits)
-        return sa.tuple_(table.c.sequence_name, table.c.bits).in_(list(keys))
+        return self.backend.keys_in((table.c.sequence_name, table.c.bits), keys)
 
     # -- taking -------------------------------------------------------------------------------
 
@@ -217,24 +217,11 @@ class TierStore:
 
     def write(self, conn: sa.Connection, states: Iterable[State]) -> None:
         """Write locked rows back (every column they may have changed)."""
-        c = self.state.c
-        rows = [
-            {"k_name": s.name, "k_bits": s.bits,
-             **{f"v_{name}": getattr(s, name) for name in _WRITTEN}}
-            for s in states
-        ]
-        if not rows:
-            return
-        stmt = (
-            sa.update(self.state)
-            .where(
-                c.sequence_name == sa.bindparam("k_name", type_=c.sequence_name.type),
-                c.bits == sa.bindparam("k_bits", type_=sa.SmallInteger),
-            )
-            .values({name: sa.bindparam(f"v_{name}", type_=c[name].type) for name in _WRITTEN})
-        )
+        rows = [{"sequence_name": s.name, "bits": s.bits,
+                 **{name: getattr(s, name) for name in _WRITTEN}} for s in states]
         for start in range(0, len(rows), CHUNK):
-            conn.execute(stmt, rows[start : start + CHUNK])
+            self.backend.update_rows(conn, self.state, ("sequence_name", "bits"),
+                                     rows[start : start + CHUNK])
 
     def seed(self, conn: sa.Connection, keys: Iterable[Key]) -> None:
         """State rows for ``keys`` where there are none (idempotent)."""
@@ -316,21 +303,10 @@ class TierStore:
 
     def remove(self, conn: sa.Connection, ranges: Iterable[Queued]) -> None:
         """Delete stock rows (by their key: sequence, bits, kind, first id)."""
-        s = self.stock.c
-        rows = [
-            {"k_name": q.key[0], "k_bits": q.key[1], "k_kind": q.kind, "k_first": q.ids.start}
-            for q in ranges
-        ]
-        if not rows:
-            return
-        stmt = sa.delete(self.stock).where(
-            s.sequence_name == sa.bindparam("k_name", type_=s.sequence_name.type),
-            s.bits == sa.bindparam("k_bits", type_=sa.SmallInteger),
-            s.kind == sa.bindparam("k_kind", type_=sa.SmallInteger),
-            s.first_id == sa.bindparam("k_first", type_=sa.BigInteger),
-        )
+        rows = [(q.key[0], q.key[1], q.kind, q.ids.start) for q in ranges]
         for start in range(0, len(rows), CHUNK):
-            conn.execute(stmt, rows[start : start + CHUNK])
+            self.backend.delete_rows(conn, self.stock, ("sequence_name", "bits", "kind",
+                                                        "first_id"), rows[start : start + CHUNK])
 
     def discard_everything(self, conn: sa.Connection) -> int:
         """Every range in stock and every head, of every sequence, gone; how many ids went.
@@ -389,12 +365,7 @@ class TierStore:
                 "last_id": sa.bindparam("v_last", type_=sa.BigInteger),
             })
             conn.execute(seed, [{"k_name": name, "v_last": marks[name][0]} for name in new])
-        if marks:
-            conn.execute(
-                sa.update(self.stamps)
-                .where(t.name == sa.bindparam("k_name", type_=t.name.type))
-                .values(last_id=sa.bindparam("v_last", type_=sa.BigInteger),
-                        stamp=sa.bindparam("v_stamp", type_=t.stamp.type)),
-                [{"k_name": name, "v_last": last, "v_stamp": stamp}
-                 for name, (last, stamp) in marks.items()],
-            )
+        rows = [{"name": name, "last_id": last, "stamp": stamp}
+                for name, (last, stamp) in marks.items()]
+        for start in range(0, len(rows), CHUNK):
+            self.backend.update_rows(conn, self.stamps, ("name",), rows[start : start + CHUNK])

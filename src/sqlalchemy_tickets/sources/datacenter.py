@@ -673,7 +673,9 @@ class DatacenterTier:
             if self.db.guard is not None and state.guard != self.db.guard:
                 raise Moved
         empty = [key for key, state in states.items() if not state.head and state.stock > 0]
-        firsts = {key: self.store.first_queued(conn, key) for key in empty}
+        # One read for every lane without a head (all of them, on first contact).
+        firsts = {key: ranges[0] for key, ranges in self.store.queued(conn, empty).items()
+                  if ranges}
         moves = Moves()
         out: list[range | None] = []
         for lane, count in takes:
