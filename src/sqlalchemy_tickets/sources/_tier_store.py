@@ -238,18 +238,21 @@ class TierStore:
     def release(self, conn: sa.Connection, owner: str, keys: Iterable[Key]) -> None:
         """Release ``owner``'s refill claims of ``keys`` (where it still holds them)."""
         c = self.state.c
-        conn.execute(
-            sa.update(self.state)
-            .where(
-                c.sequence_name == sa.bindparam("k_name", type_=c.sequence_name.type),
-                c.bits == sa.bindparam("k_bits", type_=sa.SmallInteger),
-                c.claim_owner == owner,
-            )
-            .values(claim_owner="", claim_until=0),
-            # In key order, as every writer of several rows locks them: two writers locking
-            # in different orders would wait for each other.
-            [{"k_name": name, "k_bits": bits} for name, bits in sorted(set(keys))],
-        )
+        wanted = sorted(set(keys))
+        for start in range(0, len(wanted), CHUNK):
+            # Locked first in key order, as every writer of several rows locks them (two
+            # writers locking in different orders would wait for each other), then changed
+            # in one statement, whatever order it meets them in.
+            held = [(row.sequence_name, int(row.bits)) for row in conn.execute(
+                sa.select(c.sequence_name, c.bits)
+                .where(self._where(self.state, wanted[start : start + CHUNK]),
+                       c.claim_owner == owner)
+                .order_by(c.sequence_name, c.bits)
+                .with_for_update()
+            )]
+            if held:
+                conn.execute(sa.update(self.state).where(self._where(self.state, held))
+                             .values(claim_owner="", claim_until=0))
 
     def mark_exhausted(self, conn: sa.Connection, key: Key) -> None:
         """Record that upstream has no ids left for ``key``."""
