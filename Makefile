@@ -14,9 +14,10 @@
 #                library's own logic above them (tiers, caches, the command line, faults) is
 #                the same on every version, and 3 runs it.
 #             3 runs as two processes, by test file (targets `suite-1`, `suite-2`: the second takes
-#             every file the first does not, new folders included); 3 and 4 run side by side
-#             (SUITE_JOBS=1 runs them one after the other): most of a run is spent waiting on
-#             servers and subprocesses, so three runs share two cores well.
+#             every file the first does not, new folders included); 1 and 2 (target `checks`), 3
+#             and 4 run side by side, three at a time (SUITE_JOBS=1 runs them one after the
+#             other): most of a run is spent waiting on servers and subprocesses, so three runs
+#             share two cores well.
 # Every backend must answer (TICKETS_TEST_REQUIRE_ALL=1): a missing server fails the run.
 # PYTEST_ARGS narrows the suite runs when working locally (then 3 is one process, `suite`);
 # .ci/run never sets it.
@@ -59,7 +60,7 @@ LOWEST_PYTHON ?= $(shell for p in python$(LOWEST_PYTHON_VERSION) \
 	"$$p" -c 'import sys; assert sys.version.startswith("$(LOWEST_PYTHON_VERSION).")' \
 	2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: demo test installed suite suite-1 suite-2 lowest pgbouncer galera zookeeper patroni driver-deps lint bench clean
+.PHONY: demo test checks installed suite suite-1 suite-2 lowest pgbouncer galera zookeeper patroni driver-deps lint bench clean
 
 $(BIN)/activate: pyproject.toml | driver-deps
 	$(NEWEST_PYTHON) -m venv $(VENV)
@@ -74,9 +75,13 @@ demo:
 	cd $(CURDIR) && $(DEMO_VENV)/bin/sqlalchemy-tickets demo
 
 test: $(BIN)/activate pgbouncer galera zookeeper patroni driver-deps
+	$(MAKE) --no-print-directory --jobs=$(SUITE_JOBS) --output-sync=target checks $(SUITE_RUNS) \
+	  lowest
+
+# 1 and 2, in the first of the SUITE_JOBS slots (the lowest run starts in it when they are done).
+checks: $(BIN)/activate
 	$(BIN)/mypy
 	$(MAKE) --no-print-directory installed
-	$(MAKE) --no-print-directory --jobs=$(SUITE_JOBS) --output-sync=target $(SUITE_RUNS) lowest
 
 suite: $(BIN)/activate
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,10 @@ from sqlalchemy_tickets import (
     TicketServerUnavailable,
     retry_session,
 )
+from sqlalchemy_tickets._naming import TicketTable
+from sqlalchemy_tickets.dialects import mysql as mysql_backend
+from sqlalchemy_tickets.dialects import postgresql as postgresql_backend
+from sqlalchemy_tickets.dialects.base import lock_key
 from sqlalchemy_tickets.sources.default import embedded_source
 from support.pgbouncer import start_pgbouncer
 from support.proxy import TcpProxy
@@ -424,3 +429,75 @@ def test_a_connection_closed_during_its_handshake_costs_a_pair_nothing(
             assert 2 < proxy.faults_fired < 100
         finally:
             pair.close()
+
+
+@contextmanager
+def _creation_lock_held(url: str) -> Iterator[sa.Connection]:
+    """Hold, from a session of the test's own, the lock a creator of ``tickets__photos`` takes
+    (:meth:`TicketBackend.creating`): its creation waits for it."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+    table = TicketTable("photos", 64, "tickets__photos")
+    try:
+        with engine.connect() as conn:
+            if engine.dialect.name == "postgresql":
+                conn.execute(sa.text("SELECT pg_advisory_lock(:c, :k)"),
+                             {"c": postgresql_backend._LOCK_CLASS, "k": lock_key(table)})
+            else:
+                assert conn.execute(sa.text("SELECT GET_LOCK(:n, 10)"),
+                                    {"n": mysql_backend._lock_name(table)}).scalar() == 1
+            yield conn
+    finally:
+        engine.dispose()
+
+
+def _kill_lock_waiters(conn: sa.Connection) -> int:
+    """Close, server-side, the sessions waiting for the creation lock; how many."""
+    if conn.dialect.name == "postgresql":
+        return len(conn.execute(sa.text(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event = 'advisory'"
+        )).all())
+    waiting = conn.execute(sa.text(
+        "SELECT id FROM information_schema.processlist "
+        "WHERE info LIKE 'SELECT GET_LOCK%' AND id <> CONNECTION_ID()"
+    )).scalars().all()
+    for session in waiting:
+        conn.exec_driver_sql(f"KILL CONNECTION {int(session)}")
+    return len(waiting)
+
+
+@pytest.mark.parametrize("pair", [False, True], ids=["server", "pair"])
+def test_a_connection_closed_while_a_table_is_made_costs_the_caller_nothing(
+    make_database: Callable[[str], str], backend: str, pair: bool,
+    warnings_logged: Callable[[], list[str]],
+) -> None:
+    """First contact makes the sequence's table, and the connection making it is closed under
+    it (a kill, a reaper): the creation runs again on a fresh connection. The caller gets its
+    id, and no server is reported down (before, the call failed, and a pair backed that server
+    off: what a pair met when a kill landed on its second server's first contact)."""
+    urls = [make_database(backend), make_database(backend)]
+    servers = [TicketServer(u, timeout=TIMEOUT) for u in urls]
+    source: TicketServer | TicketServers = TicketServers(servers) if pair else servers[0]
+    got: list[object] = []
+    try:
+        with _creation_lock_held(urls[0]) as holder:
+            caller = threading.Thread(target=lambda: got.append(_call(source)), name="draw")
+            caller.start()
+            _wait_for(lambda: _kill_lock_waiters(holder) > 0, 30,
+                      "the creator to wait for the lock, and its connection to be killed")
+        caller.join(30)
+        assert got and not isinstance(got[0], BaseException), got
+        if pair:
+            assert isinstance(source, TicketServers)
+            assert {(s["up"], s["failures"]) for s in source.status()} == {(True, 0)}
+    finally:
+        for server in servers:
+            server.close()
+    assert warnings_logged() == []
+
+
+def _call(source: TicketServer | TicketServers) -> object:
+    try:
+        return source.next_id("photos")
+    except Exception as error:  # what the caller would see
+        return error

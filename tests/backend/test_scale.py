@@ -396,7 +396,8 @@ class _FailsAfterGate:
 
 
 def _waiting_on_a_lock(url: str, statement: str) -> bool:
-    """Whether a session of the database at ``url`` waits for a row lock in ``statement``."""
+    """Whether a session of the database at ``url`` waits for a row lock in a statement that
+    matches the ``LIKE`` pattern ``statement``."""
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as conn:
@@ -406,7 +407,7 @@ def _waiting_on_a_lock(url: str, statement: str) -> bool:
             else:
                 query = ("SELECT count(*) FROM information_schema.innodb_trx WHERE "
                          "trx_state = 'LOCK WAIT' AND trx_query LIKE :pattern")
-            return bool(conn.execute(sa.text(query), {"pattern": f"{statement}%"}).scalar_one())
+            return bool(conn.execute(sa.text(query), {"pattern": statement}).scalar_one())
     finally:
         engine.dispose()
 
@@ -450,7 +451,8 @@ def test_releasing_refill_claims_never_deadlocks_with_writers_in_key_order(
         with engine.connect() as conn, conn.begin():
             conn.execute(lock, {"name": first}).all()
             upstream.gate.set()  # upstream fails: the claims are released
-            _wait_for(lambda: _waiting_on_a_lock(url, "UPDATE tickets_dc__state SET claim"),
+            # The release's statements, and no other writer's, select the rows by owner.
+            _wait_for(lambda: _waiting_on_a_lock(url, "%tickets_dc__state.claim_owner = %"),
                       30, "the release of the claims to wait for the row this test holds")
             # The next row in key order, as every writer of several sequences takes them.
             conn.execute(lock, {"name": second}).all()

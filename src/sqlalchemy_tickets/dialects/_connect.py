@@ -713,15 +713,18 @@ def create_under_lock(
     """
     backend = own.backend
     conflicts = 0
+
+    def step(conn: sa.Connection) -> None:
+        guard = backend.creating(conn, tables, own.timeout) if transactions else nullcontext()
+        with guard:
+            for statement in statements(conn):
+                conn.execute(statement)
+
     while True:
         try:
-            with own.connect(each_statement=True) as conn:
-                guard = (
-                    backend.creating(conn, tables, own.timeout) if transactions else nullcontext()
-                )
-                with guard:
-                    for statement in statements(conn):
-                        conn.execute(statement)
+            # A connection closed under the step (a kill, a reaper) costs that attempt only:
+            # the step runs again on a fresh one, as every statement of it may.
+            own.run(step, each_statement=True)
             return transactions
         except sa_exc.IntegrityError:
             conflicts += 1

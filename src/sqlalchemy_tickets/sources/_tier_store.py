@@ -242,7 +242,8 @@ class TierStore:
         for start in range(0, len(wanted), CHUNK):
             # Locked first in key order, as every writer of several rows locks them (two
             # writers locking in different orders would wait for each other), then changed
-            # in one statement, whatever order it meets them in.
+            # by key (a statement matching them as a list would lock the gaps between them
+            # on InnoDB, rows of other writers included).
             held = [(row.sequence_name, int(row.bits)) for row in conn.execute(
                 sa.select(c.sequence_name, c.bits)
                 .where(self._where(self.state, wanted[start : start + CHUNK]),
@@ -250,9 +251,9 @@ class TierStore:
                 .order_by(c.sequence_name, c.bits)
                 .with_for_update()
             )]
-            if held:
-                conn.execute(sa.update(self.state).where(self._where(self.state, held))
-                             .values(claim_owner="", claim_until=0))
+            self.backend.update_rows(conn, self.state, ("sequence_name", "bits"), [
+                {"sequence_name": name, "bits": bits, "claim_owner": "", "claim_until": 0}
+                for name, bits in held])
 
     def mark_exhausted(self, conn: sa.Connection, key: Key) -> None:
         """Record that upstream has no ids left for ``key``."""
