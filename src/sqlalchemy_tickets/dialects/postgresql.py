@@ -534,9 +534,28 @@ def _unnested(
     """``unnest(array, …) AS anon(name, …)``: row i holds element i of each of ``values``,
     typed and named as ``columns``."""
     return sa.func.unnest(*(
-        sa.bindparam(None, array, type_=postgresql.ARRAY(column.type))
+        sa.cast(sa.bindparam(None, _array_literal(array), type_=sa.Text),
+                postgresql.ARRAY(column.type))
         for column, array in zip(columns, values, strict=True)
     )).table_valued(*(column.name for column in columns)).render_derived()
+
+
+def _array_literal(values: list[Any]) -> str:
+    """``values`` as the text of a PostgreSQL array (``{1,2}``, ``{"a","b"}``), sent as one
+    string parameter: the driver's array adapter handles each element in Python (a third of a
+    thousand-row write's time)."""
+    return "{" + ",".join(map(_array_element, values)) + "}"
+
+
+def _array_element(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
 
 
 def _connect_timeout(seconds: float) -> int:

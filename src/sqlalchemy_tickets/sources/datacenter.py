@@ -151,9 +151,10 @@ _POLL = 0.05
 #: Most sequences in one refill (one claim, one round trip upstream, one store).
 REFILL_BATCH = 64
 
-#: Most sequences in one transaction of many (takes, give-backs): each one is bounded by the
-#: timeout, and holds the state rows it locked until it ends.
-TIER_CHUNK = 200
+#: Most sequences in one transaction of many (takes, give-backs: a few statements, whatever
+#: their number, on PostgreSQL): each one is bounded by the timeout, and holds the state rows
+#: it locked until it ends.
+TIER_CHUNK = 500
 
 #: Up to this many sequences asked for at once, each gets the one-statement take.
 _ONE_BY_ONE = 4
@@ -474,7 +475,7 @@ class DatacenterTier:
     ) -> None:
         """One transaction taking back ``wanted[start:start + TIER_CHUNK]`` (indexes into
         ``taken_by``)."""
-        part = list(enumerate(wanted))[start : start + TIER_CHUNK]
+        part = [(n, wanted[n]) for n in range(start, min(start + TIER_CHUNK, len(wanted)))]
 
         def work(conn: sa.Connection) -> None:
             for n, _ in part:
