@@ -67,9 +67,15 @@ def table_names(url: str) -> set[str]:
         engine.dispose()
 
 
+#: Seconds a round trip of :func:`draw` may take: a fresh server's first contact (identities
+#: read and recorded) on a loaded machine can outlast the default 2 s; nothing here tests
+#: timeouts.
+DRAW_TIMEOUT = 30.0
+
+
 def draw(url: str, sequence: str | None, count: int, *, bits: int = 64) -> range:
     """A block from the database's ticket table, which must already exist."""
-    server = TicketServer(url, create_missing=False)
+    server = TicketServer(url, create_missing=False, timeout=DRAW_TIMEOUT)
     try:
         return server.next_block(sequence, count, bits=bits)
     finally:
