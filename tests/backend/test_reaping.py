@@ -56,23 +56,29 @@ def kill_connections(url: str) -> int:
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as conn:
-            if engine.dialect.name == "postgresql":
-                return len(conn.execute(sa.text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                )).all())
-            ids = conn.execute(sa.text(
-                "SELECT id FROM information_schema.processlist "
-                "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
-            )).scalars().all()
-            for session in ids:
-                try:
-                    conn.exec_driver_sql(f"KILL CONNECTION {int(session)}")
-                except sa.exc.DBAPIError:  # it ended meanwhile
-                    pass
-            return len(ids)
+            return _kill_sessions(conn, "pid <> pg_backend_pid()", "db = DATABASE()")
     finally:
         engine.dispose()
+
+
+def _kill_sessions(conn: sa.Connection, postgresql_where: str, mysql_where: str) -> int:
+    """Close, server-side, the other sessions that ``*_where`` picks (of ``conn``'s database on
+    PostgreSQL, in ``information_schema.processlist`` on MySQL); how many."""
+    if conn.dialect.name == "postgresql":
+        return len(conn.execute(sa.text(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            f"WHERE datname = current_database() AND {postgresql_where}"
+        )).all())
+    ids = conn.execute(sa.text(
+        "SELECT id FROM information_schema.processlist "
+        f"WHERE {mysql_where} AND id <> CONNECTION_ID()"
+    )).scalars().all()
+    for session in ids:
+        try:
+            conn.exec_driver_sql(f"KILL CONNECTION {int(session)}")
+        except sa.exc.DBAPIError:  # it ended meanwhile
+            pass
+    return len(ids)
 
 
 def connections_to(url: str) -> int:
@@ -452,18 +458,7 @@ def _creation_lock_held(url: str) -> Iterator[sa.Connection]:
 
 def _kill_lock_waiters(conn: sa.Connection) -> int:
     """Close, server-side, the sessions waiting for the creation lock; how many."""
-    if conn.dialect.name == "postgresql":
-        return len(conn.execute(sa.text(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event = 'advisory'"
-        )).all())
-    waiting = conn.execute(sa.text(
-        "SELECT id FROM information_schema.processlist "
-        "WHERE info LIKE 'SELECT GET_LOCK%' AND id <> CONNECTION_ID()"
-    )).scalars().all()
-    for session in waiting:
-        conn.exec_driver_sql(f"KILL CONNECTION {int(session)}")
-    return len(waiting)
+    return _kill_sessions(conn, "wait_event = 'advisory'", "info LIKE 'SELECT GET_LOCK%'")
 
 
 @pytest.mark.parametrize("pair", [False, True], ids=["server", "pair"])
